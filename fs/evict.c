@@ -1,0 +1,408 @@
+/* evict.c: keeping the cache under its limit.
+ *
+ * THE PROBLEM. Kernel caches of GPU runtimes are written by programs we cannot change, and read back
+ * with "does the file exist? then read it". A cache that grows without bound fills the disk; a cache
+ * that evicts by st_atime evicts the wrong files on noatime/relatime filesystems; a cache that deletes
+ * files a program is using breaks that program. kcachefs sees every open, read and write, so it can keep
+ * an exact LRU order and an exact size, and enforce the limit at the moment space is allocated.
+ *
+ * WHAT IS COUNTED. Used bytes are the allocated bytes (st_blocks * 512) of the regular files in the cache,
+ * as the index holds them (kidx I3, inode T3). Directories, symlinks and the index itself are not counted,
+ * and the mount reports zero blocks for them, so `du -sB1 MOUNT` equals `df`'s used when the cache is idle.
+ *
+ * WHEN EVICTION RUNS. Before anything that can allocate (write, fallocate) the operation reserves an upper
+ * bound of what it may allocate (ops-io.c). If used + reserved + this request would cross max_size, this
+ * file evicts first, then grants the reservation or fails the one operation with ENOSPC. Reservations make
+ * concurrent writers safe: their sum is covered before any of them writes, so used bytes never exceed
+ * max_size whatever runs at once. After the operation the real st_blocks replaces the estimate. ENOSPC from
+ * the backing filesystem itself (a disk smaller than max_size, or shared) also evicts, then retries once.
+ *
+ * HOW FAR. Starting eviction is costly (flush the index, query it), so once it starts it goes down to the
+ * low watermark (default 90% of max_size): a cache that is full stays writable for a while without
+ * evicting on every write. If the watermark cannot be reached, eviction still frees what it can, as long as
+ * that makes the request fit.
+ *
+ * WHAT GOES FIRST. The unit of eviction is a file (runtime-aware units, such as a whole PoCL program
+ * directory, replace struct victim's single file later; the rest of this file does not change). Victims
+ * are the least recently used files by the access sequence (kidx), read through the partial index
+ * files_lru in batches: picking k victims among n files costs O(k log n), never a scan.
+ *
+ * WHAT IS NEVER EVICTED. Pinned files (the index's pinned flag, or a name matching a pin pattern), files
+ * open for writing (and so the file being written), and, by default, every file open at all: a runtime
+ * that has probed a file must be able to read it. With -o protect=writers, files open only for reading
+ * may go (their readers keep reading the unlinked inode). Eviction only ever unlinks; it never truncates.
+ *
+ * ALL OR NOTHING. Victims are chosen first and removed second. If even all evictable files would not make
+ * the request fit, nothing is removed and the request fails with ENOSPC: a write that cannot succeed does
+ * not empty the cache on its way to failing.
+ *
+ * EXACTNESS. Before choosing, the index batch is flushed so the order reflects every access up to now.
+ * Before unlinking a name, its backing inode number is checked against the victim's: a stale index row
+ * can never remove another file. The open check and the unlink happen under itable_lock, the lock that
+ * open() takes to count itself, so a file cannot be opened between the check and its removal; an open
+ * that races the unlink through an old dentry finds inode->evicted and fails with ENOENT, as if it had
+ * come a moment later.
+ *
+ * TELLING THE KERNEL. Each removed name is invalidated in the kernel (notify.c), or its cached dentry would
+ * make stat() and open() find an evicted file. The notification cannot be sent while we hold our locks or
+ * from a request whose directory the kernel holds locked, so it goes through a notifier thread, and the
+ * request waits a bounded time for it before replying: callers see the eviction complete.
+ *
+ * CRASHES. Eviction unlinks first and records second. A crash in between leaves index rows for files that
+ * are gone; the next mount sees the unclean flag and reconciles with the tree, so nothing is lost and
+ * nothing is counted twice.
+ *
+ * Locks: evict_lock serializes evictions (one flush, one consistent order). space_lock guards reserved
+ * and is never held across I/O. */
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+#define LRU_BATCH 256
+
+struct name {
+        uint64_t dir;
+        char *name;
+        char *path;   /* relative to the backing root, for pins and the eviction log */
+};
+
+struct victim {
+        uint64_t ino;
+        uint64_t bytes;
+        struct name *names;
+        size_t nnames;
+};
+
+struct victims {
+        struct victim *v;
+        size_t n, cap;
+        uint64_t bytes;
+};
+
+struct name_list {
+        kidx *idx;
+        struct name *names;
+        size_t n;
+        int err;
+};
+
+static void add_name(void *ud, uint64_t dir, const char *name)
+{
+        struct name_list *l = ud;
+        struct name *n = realloc(l->names, (l->n + 1) * sizeof(*n));
+        if (!n) {
+                l->err = -ENOMEM;
+                return;
+        }
+        l->names = n;
+        n[l->n].dir = dir;
+        n[l->n].name = strdup(name);
+        n[l->n].path = NULL;
+        if (!n[l->n].name)
+                l->err = -ENOMEM;
+        l->n++;
+}
+
+static void free_names(struct name *names, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                free(names[i].name);
+                free(names[i].path);
+        }
+        free(names);
+}
+
+static void free_victims(struct victims *vs)
+{
+        for (size_t i = 0; i < vs->n; i++)
+                free_names(vs->v[i].names, vs->v[i].nnames);
+        free(vs->v);
+        memset(vs, 0, sizeof(*vs));
+}
+
+bool kfs_pinned_path(const struct kfs *fs, const char *path)
+{
+        if (!fs->o.pins)
+                return false;
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        for (char **p = fs->o.pins; *p; p++) {
+                /* A pattern with a '/' matches the whole relative path, one without matches the name. */
+                const char *subject = strchr(*p, '/') ? path : base;
+                if (fnmatch(*p, subject, strchr(*p, '/') ? FNM_PATHNAME : 0) == 0)
+                        return true;
+        }
+        return false;
+}
+
+static bool is_open(struct kfs *fs, uint64_t ino)
+{
+        struct kfs_inode *in = kfs_inode_find_locked(fs, ino);
+        if (!in)
+                return false;
+        return in->writers > 0 || (fs->o.protect == KFS_PROTECT_OPEN && in->readers > 0);
+}
+
+/* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
+static int load_candidate(struct kfs *fs, struct victim *v)
+{
+        struct name_list l = { .idx = fs->idx };
+        int r = kidx_names(fs->idx, v->ino, add_name, &l);
+        if (r >= 0 && l.err)
+                r = l.err;
+        if (r < 0) {
+                free_names(l.names, l.n);
+                return r;
+        }
+        v->names = l.names;
+        v->nnames = l.n;
+        for (size_t i = 0; i < l.n; i++) {
+                char dir[4096], *path = NULL;
+                if (kidx_dir_path(fs->idx, l.names[i].dir, dir, sizeof(dir)) < 0)
+                        continue; /* unknown directory: this name cannot be removed (see evict_one) */
+                if (asprintf(&path, "%s%s%s", dir, dir[0] ? "/" : "", l.names[i].name) < 0)
+                        return -ENOMEM;
+                l.names[i].path = path;
+                if (kfs_pinned_path(fs, path))
+                        return 1;
+        }
+        return 0;
+}
+
+/* Chooses victims in LRU order until goal bytes are covered or the LRU runs out. */
+static int choose(struct kfs *fs, uint64_t goal, struct victims *vs)
+{
+        struct kidx_lru_row rows[LRU_BATCH];
+        uint64_t after = 0;
+        while (vs->bytes < goal) {
+                int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);
+                if (n <= 0)
+                        return n;
+                for (int i = 0; i < n && vs->bytes < goal; i++) {
+                        after = rows[i].seq;
+                        pthread_mutex_lock(&fs->itable_lock);
+                        bool open = is_open(fs, rows[i].ino);
+                        pthread_mutex_unlock(&fs->itable_lock);
+                        if (open)
+                                continue;
+                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes };
+                        int r = load_candidate(fs, &v);
+                        if (r != 0 || v.nnames == 0) {
+                                free_names(v.names, v.nnames);
+                                if (r < 0)
+                                        return r;
+                                continue;
+                        }
+                        if (vs->n == vs->cap) {
+                                size_t ncap = vs->cap ? vs->cap * 2 : 64;
+                                struct victim *nv = realloc(vs->v, ncap * sizeof(*nv));
+                                if (!nv) {
+                                        free_names(v.names, v.nnames);
+                                        return -ENOMEM;
+                                }
+                                vs->v = nv;
+                                vs->cap = ncap;
+                        }
+                        vs->v[vs->n++] = v;
+                        vs->bytes += v.bytes;
+                }
+        }
+        return 0;
+}
+
+struct pending_notify {
+        fuse_ino_t parent;
+        char *name;
+};
+
+struct notify_list {
+        struct pending_notify *items;
+        size_t n;
+};
+
+/* Removes every name of one victim, unless it was opened since it was chosen. Returns bytes freed. */
+static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *nl)
+{
+        int dirfds_small[8], *dirfds = v->nnames <= 8 ? dirfds_small : malloc(v->nnames * sizeof(int));
+        if (!dirfds)
+                return 0;
+        for (size_t i = 0; i < v->nnames; i++) {
+                const char *p = v->names[i].path;
+                /* Resolve directories outside itable_lock: the path walk may be slow. */
+                char dir[4096];
+                dirfds[i] = -1;
+                if (!p)
+                        continue;
+                size_t dl = strlen(p) - strlen(v->names[i].name);
+                snprintf(dir, sizeof(dir), "%.*s", dl ? (int)dl - 1 : 1, dl ? p : ".");
+                dirfds[i] = openat(fs->root_fd, dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+
+        size_t removed = 0;
+        pthread_mutex_lock(&fs->itable_lock);
+        if (!is_open(fs, v->ino)) {
+                for (size_t i = 0; i < v->nnames; i++) {
+                        struct stat st;
+                        if (dirfds[i] < 0 || fstatat(dirfds[i], v->names[i].name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                                continue;
+                        if (st.st_ino != v->ino)
+                                continue; /* the index is stale for this name: never remove another file */
+                        if (unlinkat(dirfds[i], v->names[i].name, 0) < 0)
+                                continue;
+                        removed++;
+                        struct stat ds;
+                        struct kfs_inode *din = NULL;
+                        if (fstat(dirfds[i], &ds) == 0)
+                                din = ds.st_ino == fs->root.bino ? &fs->root : kfs_inode_find_locked(fs, ds.st_ino);
+                        struct pending_notify *ni = din ? realloc(nl->items, (nl->n + 1) * sizeof(*ni)) : NULL;
+                        if (ni) {
+                                nl->items = ni;
+                                ni[nl->n].parent = din == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)din;
+                                ni[nl->n].name = strdup(v->names[i].name);
+                                nl->n++;
+                        }
+                }
+                struct kfs_inode *in = kfs_inode_find_locked(fs, v->ino);
+                if (in && removed)
+                        in->evicted = true;
+        }
+        pthread_mutex_unlock(&fs->itable_lock);
+        for (size_t i = 0; i < v->nnames; i++)
+                if (dirfds[i] >= 0)
+                        close(dirfds[i]);
+        if (dirfds != dirfds_small)
+                free(dirfds);
+        if (!removed)
+                return 0;
+        kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, kfs_now_ns());
+        return v->bytes;
+}
+
+/* evict_lock held. Frees down to target if it can; fails with -ENOSPC, removing nothing, if it cannot free
+ * at least must_free. Returns the bytes freed. */
+static int64_t evict_locked(struct kfs *fs, uint64_t target, uint64_t must_free, struct notify_list *nl)
+{
+        int r = kidx_flush(fs->idx);
+        if (r < 0)
+                return r;
+        uint64_t used = kidx_used(fs->idx);
+        if (used <= target && must_free == 0)
+                return 0;
+        uint64_t goal = used > target ? used - target : 0;
+        if (goal < must_free)
+                goal = must_free;
+        struct victims vs = { 0 };
+        r = choose(fs, goal, &vs);
+        if (r < 0 || vs.bytes < must_free) {
+                free_victims(&vs);
+                return r < 0 ? r : -ENOSPC;
+        }
+        int64_t freed = 0;
+        for (size_t i = 0; i < vs.n; i++)
+                freed += (int64_t)evict_one(fs, &vs.v[i], nl);
+        free_victims(&vs);
+        return freed;
+}
+
+/* Hands the removed names to the notifier and waits for them, except names in locked_dir, which the
+ * kernel cannot take until this request replies. */
+static void notify_all(struct kfs *fs, struct notify_list *nl, fuse_ino_t locked_dir)
+{
+        uint64_t last = 0;
+        for (int pass = 0; pass < 2; pass++)
+                for (size_t i = 0; i < nl->n; i++) {
+                        bool locked = locked_dir && nl->items[i].parent == locked_dir;
+                        if (locked != (pass == 1))
+                                continue;
+                        uint64_t t = kfs_notify_entry(fs, nl->items[i].parent, nl->items[i].name);
+                        if (!locked)
+                                last = t;
+                }
+        if (last)
+                kfs_notify_wait(fs, last);
+        for (size_t i = 0; i < nl->n; i++)
+                free(nl->items[i].name);
+        free(nl->items);
+}
+
+static uint64_t low_watermark_bytes(struct kfs *fs)
+{
+        return fs->o.max_size / 100 * fs->o.low_watermark + fs->o.max_size % 100 * fs->o.low_watermark / 100;
+}
+
+/* space_lock held: does a request of bytes fit now? Reserves it if so. */
+static bool try_reserve_locked(struct kfs *fs, uint64_t bytes)
+{
+        uint64_t used = kidx_used(fs->idx);
+        if (used + fs->reserved + bytes > fs->o.max_size)
+                return false;
+        fs->reserved += bytes;
+        return true;
+}
+
+int kfs_space_reserve(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir)
+{
+        if (bytes > fs->o.max_size)
+                return -ENOSPC;
+        pthread_mutex_lock(&fs->space_lock);
+        bool ok = try_reserve_locked(fs, bytes);
+        pthread_mutex_unlock(&fs->space_lock);
+        if (ok)
+                return 0;
+
+        struct notify_list nl = { 0 };
+        int r = 0;
+        pthread_mutex_lock(&fs->evict_lock);
+        pthread_mutex_lock(&fs->space_lock);
+        ok = try_reserve_locked(fs, bytes); /* another request may have evicted meanwhile */
+        uint64_t reserved = fs->reserved;
+        pthread_mutex_unlock(&fs->space_lock);
+        if (!ok) {
+                uint64_t used = kidx_used(fs->idx), room = fs->o.max_size - (reserved + bytes < fs->o.max_size
+                                                                                 ? reserved + bytes : fs->o.max_size);
+                uint64_t target = low_watermark_bytes(fs) < room ? low_watermark_bytes(fs) : room;
+                uint64_t must = used > room ? used - room : 0;
+                int64_t freed = evict_locked(fs, target, must, &nl);
+                if (freed < 0)
+                        r = (int)freed;
+                pthread_mutex_lock(&fs->space_lock);
+                if (r == 0 && !try_reserve_locked(fs, bytes))
+                        r = -ENOSPC;
+                pthread_mutex_unlock(&fs->space_lock);
+        }
+        pthread_mutex_unlock(&fs->evict_lock);
+        notify_all(fs, &nl, locked_dir);
+        return r;
+}
+
+void kfs_space_release(struct kfs *fs, uint64_t bytes)
+{
+        pthread_mutex_lock(&fs->space_lock);
+        fs->reserved = fs->reserved > bytes ? fs->reserved - bytes : 0;
+        pthread_mutex_unlock(&fs->space_lock);
+}
+
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target, fuse_ino_t locked_dir)
+{
+        struct notify_list nl = { 0 };
+        pthread_mutex_lock(&fs->evict_lock);
+        int64_t r = evict_locked(fs, target, 0, &nl);
+        pthread_mutex_unlock(&fs->evict_lock);
+        notify_all(fs, &nl, locked_dir);
+        return r;
+}
+
+int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir)
+{
+        /* The backing filesystem is full before our limit: free this request plus the watermark's margin. */
+        uint64_t used = kidx_used(fs->idx), margin = fs->o.max_size - low_watermark_bytes(fs);
+        uint64_t want = bytes > margin ? bytes : margin;
+        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0, locked_dir);
+        return r < 0 ? (int)r : 0;
+}

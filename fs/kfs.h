@@ -1,0 +1,187 @@
+/* kfs.h: the daemon's state and the functions its files share.
+ *
+ * The daemon is one struct kfs, reached from every request through fuse_req_userdata(); there are no
+ * mutable globals. Each file of fs/ covers one concern:
+ *   main.c      options, checks, start-up and shutdown
+ *   options.c   parsing of kcachefs's own -o options and sizes
+ *   inode.c     the inode table: one O_PATH fd per backing inode, lookup counts, open counts
+ *   ops-entry.c lookup, getattr, setattr, readdir, and the namespace operations
+ *   ops-io.c    create, open, read, write, fallocate, flush, fsync, release
+ *   ops-xattr.c extended attributes
+ *   evict.c     space reservation and eviction (the design essay is there)
+ *   notify.c    telling the kernel about names that eviction removed
+ *   ops.c       the fuse_lowlevel_ops table
+ *
+ * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
+ * index's own locks. No lock of ours is held while a reply is sent or while the kernel is notified. */
+#pragma once
+
+#define FUSE_USE_VERSION 314
+#include <fuse_lowlevel.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/stat.h>
+
+#include "../common/kmap.h"
+#include "../index/kidx.h"
+
+#define KFS_VERSION "0.1.0"
+/* The metadata directory in the backing root: holds the default index, never visible in the mount. */
+#define KFS_META_DIR ".kcachefs"
+
+enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };
+
+struct kfs_opts {
+        char *backing;            /* absolute, resolved */
+        char *mountpoint;         /* absolute, resolved */
+        char *index_path;         /* -o index=; NULL: <backing>/.kcachefs/index.db */
+        char *max_size_str;       /* -o max_size= as given */
+        char *low_watermark_str;  /* -o low_watermark= as given */
+        char *pin_str;            /* -o pin=GLOB:GLOB... */
+        char *protect_str;        /* -o protect=open|writers */
+        uint64_t max_size;        /* bytes */
+        unsigned low_watermark;   /* percent of max_size that eviction goes down to */
+        enum kfs_protect protect;
+        double timeout;           /* entry/attr/negative cache timeout, seconds */
+        unsigned flush_ms;        /* index batch interval */
+        int nolog;                /* debug: no access log (for measuring its cost) */
+        int rebuild;              /* reconcile the index at mount even after a clean stop */
+        char **pins;              /* parsed pin patterns, NULL-terminated */
+        int show_help, show_version;
+};
+
+struct kfs_inode {
+        int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode; immutable */
+        uint64_t bino;            /* backing st_ino: the table key and the index key; immutable */
+        mode_t type;              /* S_IFMT bits; immutable */
+        uint64_t nlookup;         /* kernel references; fs->itable_lock */
+        uint32_t readers;         /* open read-only handles; fs->itable_lock */
+        uint32_t writers;         /* open handles that may write; fs->itable_lock */
+        bool evicted;             /* eviction removed it: opens fail with ENOENT; fs->itable_lock */
+        bool unlinked;            /* no name left: not accounted any more; lock */
+        pthread_mutex_t lock;
+        uint64_t alloc;           /* allocated bytes, as the index holds them; lock */
+        uint64_t size;            /* st_size at the last fstat; lock */
+        struct timespec mtime;    /* st_mtim at the last fstat; lock */
+        bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
+        _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
+};
+
+struct kfs_notifier;
+
+struct kfs {
+        struct kfs_opts o;
+        int root_fd;              /* O_RDONLY|O_DIRECTORY on the backing root */
+        dev_t dev;                /* backing root's st_dev */
+        uid_t owner;              /* who mounted: may run kcache actions */
+        struct kfs_inode root;
+        struct fuse_session *se;
+        kidx *idx;
+
+        pthread_mutex_t itable_lock;
+        kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
+
+        pthread_mutex_t space_lock;
+        uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
+        pthread_mutex_t evict_lock; /* one eviction at a time */
+
+        struct kfs_notifier *notifier;
+};
+
+static inline struct kfs *kfs_of(fuse_req_t req)
+{
+        return fuse_req_userdata(req);
+}
+
+/* The metadata directory is invisible: lookups miss it, readdir skips it, nothing can be made there. */
+static inline bool kfs_hidden(const struct kfs *fs, const struct kfs_inode *parent, const char *name)
+{
+        return parent == &fs->root && name[0] == '.' && __builtin_strcmp(name, KFS_META_DIR) == 0;
+}
+
+int64_t kfs_now_ns(void);
+/* Makes a stat of a backing inode what the mount shows: logged atime, no blocks for non-files. */
+void kfs_fix_attr(const struct kfs_inode *in, struct stat *st);
+/* Looks dir/name up, takes a lookup reference, and fills e. -errno on failure. */
+int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struct fuse_entry_param *e);
+/* With allow_other and a root daemon, gives a new object to the caller (uid, and gid unless setgid dir). */
+int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name);
+int kfs_parse_size(const char *s, uint64_t *ret);
+int kfs_parse_pins(const char *s, char ***ret);
+bool kfs_pinned_path(const struct kfs *fs, const char *relpath);
+void kfs_free_opts(struct kfs_opts *o);
+
+/* inode.c */
+struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino);
+/* Finds or creates the inode for an fstat()ed backing object under dir/name and takes one lookup
+ * reference. fd_or_neg: an O_PATH fd already opened on it (consumed), or -1. */
+int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat *st, int fd_or_neg,
+                  struct kfs_inode **ret);
+void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
+/* Table lookup by backing inode number; NULL if the kernel does not know it. itable_lock held. */
+struct kfs_inode *kfs_inode_find_locked(struct kfs *fs, uint64_t bino);
+/* Re-reads the allocated size of an open regular file and tells the index. lock held. */
+void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st);
+int kfs_fstat_inode(struct kfs_inode *in, struct stat *st);
+void kfs_proc_path(char *buf, size_t size, int fd);
+void kfs_inode_table_free(struct kfs *fs);
+
+/* evict.c */
+/* Promises bytes of new allocation; evicts first if the limit would be crossed. -ENOSPC if it cannot.
+ * locked_dir: the fuse inode of a directory the kernel holds locked for this request, or 0. */
+int kfs_space_reserve(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir);
+void kfs_space_release(struct kfs *fs, uint64_t bytes);
+/* Evicts least recently used files until used <= target. Returns bytes freed or -errno. */
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target, fuse_ino_t locked_dir);
+/* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
+int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir);
+
+/* notify.c */
+int kfs_notifier_start(struct kfs *fs);
+void kfs_notifier_stop(struct kfs *fs);
+/* Queues "name in parent is gone" for the kernel. Returns a ticket to wait on. */
+uint64_t kfs_notify_entry(struct kfs *fs, fuse_ino_t parent, const char *name);
+/* Waits (bounded) until every ticket up to t has reached the kernel. */
+void kfs_notify_wait(struct kfs *fs, uint64_t t);
+
+extern const struct fuse_lowlevel_ops kfs_ops;
+/* ops-*.c entry points, wired in ops.c */
+void kfs_op_init(void *ud, struct fuse_conn_info *conn);
+void kfs_op_destroy(void *ud);
+void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
+void kfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n);
+void kfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);
+void kfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi);
+void kfs_op_readlink(fuse_req_t req, fuse_ino_t ino);
+void kfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev);
+void kfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode);
+void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name);
+void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name);
+void kfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name);
+void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                   const char *newname, unsigned int flags);
+void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname);
+void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+void kfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+void kfs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino);
+void kfs_op_access(fuse_req_t req, fuse_ino_t ino, int mask);
+void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi);
+void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
+void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
+                      struct fuse_file_info *fi);
+void kfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
+void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi);
+void kfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags);
+void kfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
+void kfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);
+void kfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name);

@@ -1,0 +1,457 @@
+/* main.c: the kcachefs command: options, checks, start-up and shutdown.
+ *
+ * Start-up order matters for the promise "bad input gets one clear line and changes nothing":
+ *   1. parse and check every option and both directories, touching nothing;
+ *   2. detach (unless -f): the parent waits on a pipe and exits with the child's verdict, so errors found
+ *      later still reach the terminal and the exit status, and the index is opened once, in the daemon;
+ *   3. create the metadata directory, take the index lock (one daemon per index), open or rebuild the
+ *      index, mount, then tell the parent we are up.
+ * At unmount (fusermount3 -u, or SIGTERM/SIGINT/SIGHUP) the session ends, the last batch is flushed and
+ * the index is marked clean, so the next mount need not rescan. */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+#define DEFAULT_MAX_SIZE "1G"
+#define DEFAULT_LOW_WATERMARK 90
+#define DEFAULT_PINS "config.file:cache_size.txt:*.lock:.lockfile"
+#define DEFAULT_TIMEOUT 3600.0
+
+enum { KEY_HELP, KEY_VERSION };
+
+#define OPT(t, f) { t, offsetof(struct kfs_opts, f), 1 }
+static const struct fuse_opt kfs_optspec[] = {
+        OPT("max_size=%s", max_size_str),
+        OPT("index=%s", index_path),
+        OPT("low_watermark=%s", low_watermark_str),
+        OPT("pin=%s", pin_str),
+        OPT("protect=%s", protect_str),
+        OPT("timeout=%lf", timeout),
+        OPT("flush_ms=%u", flush_ms),
+        OPT("nolog", nolog),
+        OPT("rebuild", rebuild),
+        FUSE_OPT_KEY("-h", KEY_HELP),
+        FUSE_OPT_KEY("--help", KEY_HELP),
+        FUSE_OPT_KEY("-V", KEY_VERSION),
+        FUSE_OPT_KEY("--version", KEY_VERSION),
+        FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+        (void)outargs;
+        struct kfs_opts *o = data; /* the option offsets are relative to it */
+        switch (key) {
+        case FUSE_OPT_KEY_NONOPT:
+                if (!o->backing) {
+                        o->backing = strdup(arg);
+                        return 0; /* the first operand is ours; the second is libfuse's mountpoint */
+                }
+                return 1;
+        case KEY_HELP:
+                o->show_help = 1;
+                return 0;
+        case KEY_VERSION:
+                o->show_version = 1;
+                return 0;
+        default:
+                return 1;
+        }
+}
+
+static void usage(const char *prog)
+{
+        printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
+               "\n"
+               "A FUSE filesystem for GPU kernel caches: every access is logged exactly, the cache never grows\n"
+               "past its limit, and least recently used files are evicted. Unmount with fusermount3 -u.\n"
+               "\n"
+               "kcachefs options:\n"
+               "    -o max_size=SIZE        size limit, bytes or with K/M/G/T (powers of 1024); default %s\n"
+               "    -o low_watermark=PCT    eviction frees down to PCT%% of max_size; default %d\n"
+               "    -o pin=GLOB[:GLOB...]   never evict matching files (a GLOB with '/' matches the path\n"
+               "                            relative to the cache root, one without matches the name);\n"
+               "                            default %s\n"
+               "    -o protect=open|writers never evict open files (open, default) or only files open for\n"
+               "                            writing (writers)\n"
+               "    -o index=PATH           SQLite index location; default BACKING_DIR/%s/index.db. Keep it\n"
+               "                            on a local disk when BACKING_DIR is on NFS or Lustre\n"
+               "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
+               "    -o flush_ms=MS          how often the access log is committed; default 1000\n"
+               "    -o rebuild              reconcile the index with BACKING_DIR at mount\n"
+               "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
+               "\n",
+               prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS, KFS_META_DIR, DEFAULT_TIMEOUT);
+        printf("FUSE options:\n");
+        fuse_cmdline_help();
+        fuse_lowlevel_help();
+}
+
+static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int fail(const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("kcachefs: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        return 1;
+}
+
+/* a is b or lies below it. Both are resolved absolute paths. */
+static bool path_within(const char *a, const char *b)
+{
+        size_t n = strlen(b);
+        if (n == 1)
+                return true; /* b is "/" */
+        return strncmp(a, b, n) == 0 && (a[n] == '\0' || a[n] == '/');
+}
+
+static int check_dir(const char *what, const char *given, char **ret, bool need_write)
+{
+        char *real = realpath(given, NULL);
+        struct stat st;
+        if (!real)
+                return fail("%s '%s': %s", what, given, errno == ENOENT ? "does not exist" : strerror(errno));
+        if (stat(real, &st) < 0 || !S_ISDIR(st.st_mode)) {
+                free(real);
+                return fail("%s '%s' is not a directory", what, given);
+        }
+        if (need_write && access(real, W_OK | X_OK) < 0) {
+                int e = errno;
+                free(real);
+                return fail("%s '%s' is not writable: %s", what, given, strerror(e));
+        }
+        *ret = real;
+        return 0;
+}
+
+/* Network filesystems break SQLite's locking: say so (the mount still goes ahead). */
+static void warn_network_fs(const char *dir)
+{
+        struct statfs sf;
+        if (statfs(dir, &sf) < 0)
+                return;
+        static const struct { long magic; const char *name; } nfs[] = {
+                { 0x6969, "NFS" }, { 0x0BD00BD0, "Lustre" }, { 0xFF534D42, "CIFS" }, { 0xFE534D42, "SMB2" },
+                { 0x00C36400, "CephFS" }, { 0x47504653, "GPFS" }, { 0x19830326, "BeeGFS" },
+                { 0x65735546, "FUSE" },
+        };
+        for (size_t i = 0; i < sizeof(nfs) / sizeof(nfs[0]); i++)
+                if ((long)sf.f_type == nfs[i].magic)
+                        fprintf(stderr, "kcachefs: warning: the index is on %s (%s); SQLite needs a local "
+                                        "filesystem: use -o index=/local/path\n", nfs[i].name, dir);
+}
+
+static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
+{
+        int r;
+        if (!o->backing || !mountpoint_arg)
+                return fail("need BACKING_DIR and MOUNTPOINT (see --help)");
+        r = kfs_parse_size(o->max_size_str ? o->max_size_str : DEFAULT_MAX_SIZE, &o->max_size);
+        if (r < 0)
+                return fail("invalid max_size '%s': %s", o->max_size_str,
+                            r == -EDOM ? "must be more than zero" : r == -ERANGE ? "too large"
+                                                                   : "expected a number with an optional K, M, G or T");
+        o->low_watermark = DEFAULT_LOW_WATERMARK;
+        if (o->low_watermark_str) {
+                char *end;
+                long v = strtol(o->low_watermark_str, &end, 10);
+                if (end == o->low_watermark_str || (*end && strcmp(end, "%")) || v < 1 || v > 100)
+                        return fail("invalid low_watermark '%s': expected a percentage from 1 to 100",
+                                    o->low_watermark_str);
+                o->low_watermark = (unsigned)v;
+        }
+        o->protect = KFS_PROTECT_OPEN;
+        if (o->protect_str) {
+                if (!strcmp(o->protect_str, "writers"))
+                        o->protect = KFS_PROTECT_WRITERS;
+                else if (strcmp(o->protect_str, "open"))
+                        return fail("invalid protect '%s': expected 'open' or 'writers'", o->protect_str);
+        }
+        if (o->timeout < 0)
+                return fail("invalid timeout: must not be negative");
+        if (kfs_parse_pins(o->pin_str ? o->pin_str : DEFAULT_PINS, &o->pins) < 0)
+                return fail("out of memory");
+
+        char *given_backing = o->backing;
+        r = check_dir("backing directory", given_backing, &o->backing, true);
+        free(given_backing);
+        if (r)
+                return r;
+        if ((r = check_dir("mount point", mountpoint_arg, &o->mountpoint, false)))
+                return r;
+        if (path_within(o->mountpoint, o->backing))
+                return fail("the mount point '%s' is inside the backing directory '%s'", o->mountpoint, o->backing);
+        if (path_within(o->backing, o->mountpoint))
+                return fail("the backing directory '%s' is inside the mount point '%s'", o->backing, o->mountpoint);
+
+        if (o->index_path) {
+                /* The index's directory must exist and be writable; the file itself may be new. */
+                char *copy = strdup(o->index_path), *slash = strrchr(copy, '/');
+                const char *dir = slash ? (slash == copy ? "/" : (*slash = '\0', copy)) : ".";
+                char *rdir = NULL;
+                r = check_dir("index directory", dir, &rdir, true);
+                if (r == 0) {
+                        const char *base = strrchr(o->index_path, '/');
+                        base = base ? base + 1 : o->index_path;
+                        char *full;
+                        if (!*base || asprintf(&full, "%s/%s", strcmp(rdir, "/") ? rdir : "", base) < 0)
+                                r = fail("invalid index path '%s'", o->index_path);
+                        else {
+                                free(o->index_path);
+                                o->index_path = full;
+                                if (path_within(rdir, o->mountpoint))
+                                        r = fail("the index '%s' is inside the mount point", o->index_path);
+                                else if (path_within(rdir, o->backing))
+                                        r = fail("the index '%s' is inside the backing directory, where the "
+                                                 "cache would see it; leave index= unset to keep it in %s/",
+                                                 o->index_path, KFS_META_DIR);
+                                else
+                                        warn_network_fs(rdir);
+                        }
+                }
+                free(rdir);
+                free(copy);
+                if (r)
+                        return r;
+        }
+        return 0;
+}
+
+/* Creates the default metadata directory and takes the index lock. Returns the lock fd. */
+static int take_index_lock(struct kfs_opts *o, int *ret_fd)
+{
+        if (!o->index_path) {
+                char *meta;
+                if (asprintf(&meta, "%s/%s", o->backing, KFS_META_DIR) < 0)
+                        return fail("out of memory");
+                if (mkdir(meta, 0700) < 0 && errno != EEXIST) {
+                        int e = errno;
+                        free(meta);
+                        return fail("cannot create the index directory in '%s': %s", o->backing, strerror(e));
+                }
+                warn_network_fs(meta);
+                if (asprintf(&o->index_path, "%s/index.db", meta) < 0)
+                        o->index_path = NULL;
+                free(meta);
+                if (!o->index_path)
+                        return fail("out of memory");
+        }
+        char lock[PATH_MAX];
+        snprintf(lock, sizeof(lock), "%s.lock", o->index_path);
+        int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0)
+                return fail("cannot write the index at '%s': %s", o->index_path, strerror(errno));
+        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                char pid[32] = "";
+                ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+                if (n > 0)
+                        pid[strcspn(pid, "\n")] = '\0';
+                close(fd);
+                return fail("the index '%s' is in use by another kcachefs%s%s%s; two daemons must never share "
+                            "one index", o->index_path, n > 0 ? " (pid " : "", n > 0 ? pid : "", n > 0 ? ")" : "");
+        }
+        char pid[32];
+        int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) < 0)
+                return fail("cannot write the index lock '%s': %s", lock, strerror(errno));
+        *ret_fd = fd;
+        return 0;
+}
+
+/* Forks; the parent waits for the child's verdict on a pipe and exits with it. Returns the write end. */
+static int detach(void)
+{
+        int p[2];
+        if (pipe2(p, O_CLOEXEC) < 0)
+                return -errno;
+        pid_t pid = fork();
+        if (pid < 0)
+                return -errno;
+        if (pid > 0) {
+                close(p[1]);
+                char c;
+                if (read(p[0], &c, 1) == 1 && c == 0)
+                        _exit(0);
+                int status;
+                if (waitpid(pid, &status, 0) == pid && WIFEXITED(status))
+                        _exit(WEXITSTATUS(status) ? WEXITSTATUS(status) : 1);
+                _exit(1);
+        }
+        close(p[0]);
+        setsid();
+        return p[1];
+}
+
+static void detached_ready(int fd)
+{
+        if (fd < 0)
+                return;
+        if (chdir("/") < 0) {
+                /* the mount works regardless */
+        }
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+                dup2(null, 0);
+                dup2(null, 1);
+                dup2(null, 2);
+                if (null > 2)
+                        close(null);
+        }
+        char ok = 0;
+        if (write(fd, &ok, 1) != 1) {
+                /* the parent is gone: nobody to tell */
+        }
+        close(fd);
+}
+
+static int init_root(struct kfs *fs)
+{
+        struct stat st;
+        fs->root_fd = open(fs->o.backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        fs->root.fd = open(fs->o.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (fs->root_fd < 0 || fs->root.fd < 0 || fstat(fs->root_fd, &st) < 0)
+                return fail("cannot open the backing directory '%s': %s", fs->o.backing, strerror(errno));
+        fs->dev = st.st_dev;
+        fs->root.bino = st.st_ino;
+        fs->root.type = S_IFDIR;
+        fs->root.nlookup = 1;
+        pthread_mutex_init(&fs->root.lock, NULL);
+        pthread_mutex_init(&fs->itable_lock, NULL);
+        pthread_mutex_init(&fs->space_lock, NULL);
+        pthread_mutex_init(&fs->evict_lock, NULL);
+        kmap_init(&fs->itable);
+        if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0)
+                return fail("out of memory");
+        return 0;
+}
+
+int main(int argc, char *argv[])
+{
+        struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+        struct fuse_cmdline_opts cmd = { 0 };
+        struct kfs fs = { .root_fd = -1, .root.fd = -1 };
+        int lock_fd = -1, ready_fd = -1, ret = 1;
+
+        fs.o.timeout = DEFAULT_TIMEOUT;
+        fs.o.flush_ms = 1000;
+        if (fuse_opt_parse(&args, &fs.o, kfs_optspec, opt_proc) < 0)
+                return fail("invalid options (see --help)");
+        if (fs.o.show_help) {
+                usage(argv[0]);
+                ret = 0;
+                goto out_args;
+        }
+        if (fs.o.show_version) {
+                printf("kcachefs version %s\n", KFS_VERSION);
+                fuse_lowlevel_version();
+                ret = 0;
+                goto out_args;
+        }
+        if (fuse_parse_cmdline(&args, &cmd) != 0) {
+                fail("invalid options (see --help)");
+                goto out_args;
+        }
+        if (check_opts(&fs.o, cmd.mountpoint))
+                goto out_args;
+
+        if (!cmd.foreground && (ready_fd = detach()) < 0) {
+                fail("cannot detach: %s", strerror(-ready_fd));
+                goto out_args;
+        }
+        if (take_index_lock(&fs.o, &lock_fd) || init_root(&fs))
+                goto out_fs;
+
+        enum kidx_rebuild_reason why;
+        struct kidx_open_opts io = {
+                .db_path = fs.o.index_path,
+                .backing_fd = fs.root_fd,
+                .skip_name = KFS_META_DIR,
+                .progress = isatty(STDERR_FILENO),
+                .force_rebuild = fs.o.rebuild,
+        };
+        int r = kidx_open(&io, &fs.idx, &why);
+        if (r < 0) {
+                fail("cannot open the index '%s': %s", fs.o.index_path, strerror(-r));
+                goto out_fs;
+        }
+        if (why != KIDX_NO_REBUILD && (why != KIDX_REBUILD_NEW || cmd.foreground)) {
+                struct kidx_stats s;
+                kidx_get_stats(fs.idx, &s);
+                fprintf(stderr, "kcachefs: index rebuilt (%s): %llu files, %llu bytes\n", kidx_rebuild_reason_str(why),
+                        (unsigned long long)s.files, (unsigned long long)s.used_bytes);
+        }
+        fs.owner = getuid();
+
+        fs.se = fuse_session_new(&args, &kfs_ops, sizeof(kfs_ops), &fs);
+        if (!fs.se)
+                goto out_idx;
+        if (fuse_set_signal_handlers(fs.se) != 0)
+                goto out_session;
+        if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
+                goto out_signals;
+        if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0 ||
+            (r = kfs_notifier_start(&fs)) < 0) {
+                fail("cannot start: %s", strerror(-r));
+                goto out_unmount;
+        }
+        if (lock_fd >= 0) {
+                /* The daemon's pid, for the next one's "in use by" message. */
+                char pid[32];
+                int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
+                if (ftruncate(lock_fd, 0) < 0 || pwrite(lock_fd, pid, (size_t)n, 0) < 0) {
+                        /* cosmetic only */
+                }
+        }
+        detached_ready(ready_fd);
+        ready_fd = -1;
+
+        if (cmd.singlethread) {
+                ret = fuse_session_loop(fs.se);
+        } else {
+                struct fuse_loop_config *lc = fuse_loop_cfg_create();
+                fuse_loop_cfg_set_clone_fd(lc, cmd.clone_fd);
+                fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
+                fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
+                ret = fuse_session_loop_mt(fs.se, lc);
+                fuse_loop_cfg_destroy(lc);
+        }
+        ret = ret < 0 ? 1 : 0;
+out_unmount:
+        fuse_session_unmount(fs.se);
+        kfs_notifier_stop(&fs);
+out_signals:
+        fuse_remove_signal_handlers(fs.se);
+out_session:
+        fuse_session_destroy(fs.se);
+out_idx:
+        /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
+        kidx_close(fs.idx, ret == 0);
+out_fs:
+        kfs_inode_table_free(&fs);
+        if (fs.root_fd >= 0)
+                close(fs.root_fd);
+        if (fs.root.fd >= 0)
+                close(fs.root.fd);
+        if (lock_fd >= 0)
+                close(lock_fd);
+out_args:
+        kfs_free_opts(&fs.o);
+        free(cmd.mountpoint);
+        fuse_opt_free_args(&args);
+        return ret;
+}

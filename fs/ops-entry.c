@@ -1,0 +1,555 @@
+/* ops-entry.c: names and attributes: lookup, getattr, setattr, readdir, statfs, access, and the
+ * namespace operations (mknod, mkdir, symlink, link, unlink, rmdir, rename).
+ *
+ * Every handler replies exactly once; helpers return -errno and the sign flips at the reply.
+ * Namespace changes are told to the index (kidx_*_dent, kidx_del_file) after the backing call succeeded,
+ * so the index never records what did not happen. Accounting of a removed file uses the inode's alloc
+ * when the kernel knows it (T3), else the backing st_blocks. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+void kfs_fix_attr(const struct kfs_inode *in, struct stat *st)
+{
+        if (S_ISREG(st->st_mode)) {
+                int64_t a = atomic_load(&in->atime_ns);
+                st->st_atim.tv_sec = a / 1000000000LL;
+                st->st_atim.tv_nsec = a % 1000000000LL;
+        } else {
+                /* Only regular files count towards the cache's size, so du of the mount equals df's used. */
+                st->st_blocks = 0;
+        }
+}
+
+int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struct fuse_entry_param *e)
+{
+        if (kfs_hidden(fs, dir, name))
+                return -ENOENT;
+        memset(e, 0, sizeof(*e));
+        for (int tries = 0;; tries++) {
+                if (fstatat(dir->fd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
+                        return -errno;
+                if (e->attr.st_dev != fs->dev)
+                        return -EXDEV; /* a mount inside the backing directory is not part of the cache */
+                struct kfs_inode *in;
+                int r = kfs_inode_ref(fs, dir->fd, name, &e->attr, -1, &in);
+                if (r == -ESTALE && tries < 8)
+                        continue;
+                if (r < 0)
+                        return r;
+                kfs_fix_attr(in, &e->attr);
+                e->ino = (fuse_ino_t)(uintptr_t)in;
+                e->attr_timeout = e->entry_timeout = fs->o.timeout;
+                return 0;
+        }
+}
+
+void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+        struct kfs *fs = kfs_of(req);
+        struct fuse_entry_param e;
+        int r = kfs_do_lookup(fs, kfs_inode_get(fs, parent), name, &e);
+        if (r == -ENOENT) {
+                /* A negative entry: the kernel caches the miss until a create through the mount. */
+                memset(&e, 0, sizeof(e));
+                e.entry_timeout = fs->o.timeout;
+                fuse_reply_entry(req, &e);
+        } else if (r < 0) {
+                fuse_reply_err(req, -r);
+        } else {
+                fuse_reply_entry(req, &e);
+        }
+}
+
+void kfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n)
+{
+        struct kfs *fs = kfs_of(req);
+        kfs_inode_unref(fs, kfs_inode_get(fs, ino), n);
+        fuse_reply_none(req);
+}
+
+void kfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets)
+{
+        struct kfs *fs = kfs_of(req);
+        for (size_t i = 0; i < count; i++)
+                kfs_inode_unref(fs, kfs_inode_get(fs, forgets[i].ino), forgets[i].nlookup);
+        fuse_reply_none(req);
+}
+
+static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, struct fuse_file_info *fi)
+{
+        struct stat st;
+        int r = fi && !S_ISDIR(in->type) ? (fstat((int)fi->fh, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        kfs_fix_attr(in, &st);
+        fuse_reply_attr(req, &st, fs->o.timeout);
+}
+
+void kfs_op_getattr(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        reply_attr(req, fs, kfs_inode_get(fs, ino), fi);
+}
+
+static struct timespec set_time(int valid, int now_flag, int set_flag, struct timespec t)
+{
+        if (valid & now_flag)
+                return (struct timespec){ .tv_nsec = UTIME_NOW };
+        if (valid & set_flag)
+                return t;
+        return (struct timespec){ .tv_nsec = UTIME_OMIT };
+}
+
+void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        char proc[64];
+        int r = 0;
+        kfs_proc_path(proc, sizeof(proc), in->fd);
+
+        if (valid & FUSE_SET_ATTR_MODE) {
+                r = fi ? fchmod((int)fi->fh, attr->st_mode) : fchmodat(AT_FDCWD, proc, attr->st_mode, 0);
+                if (r < 0)
+                        goto err;
+        }
+        if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
+                uid_t u = valid & FUSE_SET_ATTR_UID ? attr->st_uid : (uid_t)-1;
+                gid_t g = valid & FUSE_SET_ATTR_GID ? attr->st_gid : (gid_t)-1;
+                if (fchownat(in->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+                        goto err;
+        }
+        if (valid & FUSE_SET_ATTR_SIZE) {
+                /* Growing by truncate allocates nothing (sparse); the real allocation is re-read after. */
+                pthread_mutex_lock(&in->lock);
+                r = fi ? ftruncate((int)fi->fh, attr->st_size) : truncate(proc, attr->st_size);
+                struct stat st;
+                int e = errno;
+                if (r == 0 && kfs_fstat_inode(in, &st) == 0)
+                        kfs_inode_account_locked(fs, in, &st);
+                in->cache_ok = false;
+                pthread_mutex_unlock(&in->lock);
+                errno = e;
+                if (r < 0)
+                        goto err;
+        }
+        if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
+                struct timespec tv[2] = {
+                        set_time(valid, FUSE_SET_ATTR_ATIME_NOW, FUSE_SET_ATTR_ATIME, attr->st_atim),
+                        set_time(valid, FUSE_SET_ATTR_MTIME_NOW, FUSE_SET_ATTR_MTIME, attr->st_mtim),
+                };
+                if (S_ISLNK(in->type))
+                        r = -1, errno = EPERM; /* no utimens on a symlink through its O_PATH fd */
+                else
+                        r = fi ? futimens((int)fi->fh, tv) : utimensat(AT_FDCWD, proc, tv, 0);
+                if (r < 0)
+                        goto err;
+                if (S_ISREG(in->type) && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW))) {
+                        /* An explicit atime is what the mount reports from now on; recency is unchanged. */
+                        int64_t a = valid & FUSE_SET_ATTR_ATIME_NOW ? kfs_now_ns()
+                                    : (int64_t)attr->st_atim.tv_sec * 1000000000LL + attr->st_atim.tv_nsec;
+                        atomic_store(&in->atime_ns, a);
+                        kidx_set_atime(fs->idx, in->bino, a);
+                }
+        }
+        reply_attr(req, fs, in, fi);
+        return;
+err:
+        fuse_reply_err(req, errno);
+}
+
+void kfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
+{
+        struct kfs *fs = kfs_of(req);
+        char buf[PATH_MAX + 1];
+        ssize_t n = readlinkat(kfs_inode_get(fs, ino)->fd, "", buf, sizeof(buf));
+        if (n < 0)
+                fuse_reply_err(req, errno);
+        else if (n >= (ssize_t)sizeof(buf))
+                fuse_reply_err(req, ENAMETOOLONG);
+        else {
+                buf[n] = '\0';
+                fuse_reply_readlink(req, buf);
+        }
+}
+
+int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name)
+{
+        (void)fs;
+        if (geteuid() != 0)
+                return 0;
+        const struct fuse_ctx *c = fuse_req_ctx(req);
+        if (c->uid == 0 && c->gid == 0)
+                return 0;
+        struct stat ds;
+        if (kfs_fstat_inode(dir, &ds) < 0)
+                return -errno;
+        gid_t g = ds.st_mode & S_ISGID ? (gid_t)-1 : c->gid; /* a setgid directory decides the group */
+        return fchownat(dir->fd, name, c->uid, g, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+}
+
+static enum kidx_type kidx_type_of(mode_t m)
+{
+        return S_ISREG(m) ? KIDX_REG : S_ISDIR(m) ? KIDX_DIR : S_ISLNK(m) ? KIDX_LNK : KIDX_OTHER;
+}
+
+/* mknod, mkdir and symlink: make the object, give it to the caller, index it, reply its entry. */
+static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev,
+                      const char *link)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *dir = kfs_inode_get(fs, parent);
+        int r;
+        if (kfs_hidden(fs, dir, name)) {
+                fuse_reply_err(req, EPERM);
+                return;
+        }
+        if (link)
+                r = symlinkat(link, dir->fd, name);
+        else if (S_ISDIR(mode))
+                r = mkdirat(dir->fd, name, mode & 07777);
+        else
+                r = mknodat(dir->fd, name, mode, rdev);
+        if (r < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        r = kfs_set_owner(fs, req, dir, name);
+        struct stat st;
+        if (r == 0 && fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                r = -errno;
+        if (r < 0) {
+                unlinkat(dir->fd, name, S_ISDIR(mode) && !link ? AT_REMOVEDIR : 0);
+                fuse_reply_err(req, -r);
+                return;
+        }
+        if (S_ISREG(st.st_mode))
+                kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
+        kidx_add_dent(fs->idx, dir->bino, name, st.st_ino, kidx_type_of(st.st_mode));
+        struct fuse_entry_param e;
+        r = kfs_do_lookup(fs, dir, name, &e);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_entry(req, &e);
+}
+
+void kfs_op_mknod(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, dev_t rdev)
+{
+        make_node(req, parent, name, mode, rdev, NULL);
+}
+
+void kfs_op_mkdir(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode)
+{
+        make_node(req, parent, name, S_IFDIR | mode, 0, NULL);
+}
+
+void kfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const char *name)
+{
+        make_node(req, parent, name, S_IFLNK | 0777, 0, link);
+}
+
+void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino), *dir = kfs_inode_get(fs, newparent);
+        char proc[64];
+        if (kfs_hidden(fs, dir, newname)) {
+                fuse_reply_err(req, EPERM);
+                return;
+        }
+        kfs_proc_path(proc, sizeof(proc), in->fd);
+        if (linkat(AT_FDCWD, proc, dir->fd, newname, AT_SYMLINK_FOLLOW) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        kidx_add_dent(fs->idx, dir->bino, newname, in->bino, kidx_type_of(in->type));
+        struct fuse_entry_param e;
+        int r = kfs_do_lookup(fs, dir, newname, &e);
+        if (r < 0)
+                fuse_reply_err(req, -r);
+        else
+                fuse_reply_entry(req, &e);
+}
+
+/* st is the backing stat of a regular file that just lost a name. If that was its last name, the
+ * file leaves the index and stops counting (it may live on while open: T3 then no longer applies). */
+static void forget_name_of_file(struct kfs *fs, const struct stat *st)
+{
+        if (!S_ISREG(st->st_mode) || st->st_nlink > 1)
+                return;
+        uint64_t bytes = (uint64_t)st->st_blocks * 512;
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
+        pthread_mutex_unlock(&fs->itable_lock);
+        /* The kernel pins the inode of a name it is removing, so in cannot be forgotten meanwhile. */
+        if (in) {
+                pthread_mutex_lock(&in->lock);
+                in->unlinked = true;
+                bytes = in->alloc;
+                pthread_mutex_unlock(&in->lock);
+        }
+        kidx_del_file(fs->idx, st->st_ino, bytes);
+}
+
+void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *dir = kfs_inode_get(fs, parent);
+        struct stat st;
+        if (kfs_hidden(fs, dir, name)) {
+                fuse_reply_err(req, ENOENT);
+                return;
+        }
+        if (fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || unlinkat(dir->fd, name, 0) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        kidx_del_dent(fs->idx, dir->bino, name);
+        forget_name_of_file(fs, &st);
+        fuse_reply_err(req, 0);
+}
+
+void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *dir = kfs_inode_get(fs, parent);
+        if (kfs_hidden(fs, dir, name)) {
+                fuse_reply_err(req, ENOENT);
+                return;
+        }
+        if (unlinkat(dir->fd, name, AT_REMOVEDIR) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        kidx_del_dent(fs->idx, dir->bino, name);
+        fuse_reply_err(req, 0);
+}
+
+void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
+                   const char *newname, unsigned int flags)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *od = kfs_inode_get(fs, parent), *nd = kfs_inode_get(fs, newparent);
+        if (flags & ~(unsigned)(RENAME_NOREPLACE | RENAME_EXCHANGE)) {
+                fuse_reply_err(req, EINVAL);
+                return;
+        }
+        if (kfs_hidden(fs, od, name) || kfs_hidden(fs, nd, newname)) {
+                fuse_reply_err(req, kfs_hidden(fs, od, name) ? ENOENT : EPERM);
+                return;
+        }
+        struct stat src, dst;
+        bool exchange = flags & RENAME_EXCHANGE;
+        if (fstatat(od->fd, name, &src, AT_SYMLINK_NOFOLLOW) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        bool replaced = !exchange && fstatat(nd->fd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
+        if (syscall(SYS_renameat2, od->fd, name, nd->fd, newname, flags) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        /* Renaming a name onto another link of the same file changes nothing (POSIX). */
+        if (replaced && dst.st_ino == src.st_ino) {
+                fuse_reply_err(req, 0);
+                return;
+        }
+        if (replaced)
+                forget_name_of_file(fs, &dst); /* the rename op drops the target's dent itself */
+        kidx_rename(fs->idx, od->bino, name, nd->bino, newname, exchange);
+        fuse_reply_err(req, 0);
+}
+
+/* ---- directories ---- */
+
+struct kfs_dir {
+        DIR *dp;
+        off_t offset;
+        struct dirent *entry;
+};
+
+void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_dir *d = calloc(1, sizeof(*d));
+        int fd = d ? openat(kfs_inode_get(fs, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (fd < 0 || !(d->dp = fdopendir(fd))) {
+                int e = d ? errno : ENOMEM;
+                if (fd >= 0)
+                        close(fd);
+                free(d);
+                fuse_reply_err(req, e);
+                return;
+        }
+        fi->fh = (uint64_t)(uintptr_t)d;
+        /* Every change of a directory goes through the mount or is notified, so its listing is cacheable. */
+        fi->cache_readdir = 1;
+        fi->keep_cache = 1;
+        fuse_reply_open(req, fi);
+}
+
+static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi, bool plus)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *dir = kfs_inode_get(fs, ino);
+        struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
+        char *buf = malloc(size);
+        if (!buf) {
+                fuse_reply_err(req, ENOMEM);
+                return;
+        }
+        if (off != d->offset) {
+                seekdir(d->dp, off);
+                d->entry = NULL;
+                d->offset = off;
+        }
+        size_t rem = size;
+        char *p = buf;
+        int err = 0;
+        for (;;) {
+                if (!d->entry) {
+                        errno = 0;
+                        d->entry = readdir(d->dp);
+                        if (!d->entry) {
+                                err = errno;
+                                break;
+                        }
+                }
+                const char *name = d->entry->d_name;
+                off_t next = d->entry->d_off;
+                if (kfs_hidden(fs, dir, name)) {
+                        d->entry = NULL;
+                        d->offset = next;
+                        continue;
+                }
+                size_t entsize;
+                if (plus) {
+                        struct fuse_entry_param e;
+                        bool dot = !strcmp(name, ".") || !strcmp(name, "..");
+                        if (dot) {
+                                memset(&e, 0, sizeof(e)); /* ino 0: the kernel takes the name, no entry */
+                                e.attr.st_ino = d->entry->d_ino;
+                                e.attr.st_mode = (mode_t)d->entry->d_type << 12;
+                        } else {
+                                int r = kfs_do_lookup(fs, dir, name, &e);
+                                if (r < 0) {
+                                        d->entry = NULL; /* vanished meanwhile: skip it */
+                                        d->offset = next;
+                                        continue;
+                                }
+                        }
+                        entsize = fuse_add_direntry_plus(req, p, rem, name, &e, next);
+                        if (entsize > rem) {
+                                if (!dot)
+                                        kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1);
+                                break;
+                        }
+                } else {
+                        struct stat st = { .st_ino = d->entry->d_ino, .st_mode = (mode_t)d->entry->d_type << 12 };
+                        entsize = fuse_add_direntry(req, p, rem, name, &st, next);
+                        if (entsize > rem)
+                                break;
+                }
+                p += entsize;
+                rem -= entsize;
+                d->entry = NULL;
+                d->offset = next;
+        }
+        if (err && rem == size)
+                fuse_reply_err(req, err);
+        else
+                fuse_reply_buf(req, buf, size - rem);
+        free(buf);
+}
+
+void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+        do_readdir(req, ino, size, off, fi, false);
+}
+
+void kfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+        do_readdir(req, ino, size, off, fi, true);
+}
+
+void kfs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        (void)ino;
+        struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
+        closedir(d->dp);
+        free(d);
+        fuse_reply_err(req, 0);
+}
+
+void kfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+        (void)ino;
+        struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
+        int fd = dirfd(d->dp);
+        fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+}
+
+void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
+{
+        (void)ino;
+        struct kfs *fs = kfs_of(req);
+        struct statvfs sv;
+        if (fstatvfs(fs->root_fd, &sv) < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        /* Size is the limit and used is the index's used bytes, in 512-byte units so both are exact. */
+        uint64_t used = kidx_used(fs->idx), max = fs->o.max_size;
+        uint64_t backing_avail = (uint64_t)sv.f_bavail * sv.f_frsize / 512;
+        struct statvfs out = sv;
+        out.f_bsize = 4096;
+        out.f_frsize = 512;
+        out.f_blocks = max / 512;
+        out.f_bfree = used >= max ? 0 : (max - used) / 512;
+        out.f_bavail = out.f_bfree < backing_avail ? out.f_bfree : backing_avail;
+        out.f_namemax = 255;
+        fuse_reply_statfs(req, &out);
+}
+
+void kfs_op_access(fuse_req_t req, fuse_ino_t ino, int mask)
+{
+        /* Only sent without default_permissions: check the mode bits for the caller. */
+        struct kfs *fs = kfs_of(req);
+        struct stat st;
+        int r = kfs_fstat_inode(kfs_inode_get(fs, ino), &st);
+        if (r < 0 || mask == F_OK) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        const struct fuse_ctx *c = fuse_req_ctx(req);
+        mode_t bits;
+        if (c->uid == 0) {
+                bool x_ok = S_ISDIR(st.st_mode) || (st.st_mode & 0111);
+                fuse_reply_err(req, (mask & X_OK) && !x_ok ? EACCES : 0);
+                return;
+        }
+        if (c->uid == st.st_uid) {
+                bits = (st.st_mode >> 6) & 7;
+        } else {
+                bool member = c->gid == st.st_gid;
+                gid_t groups[64];
+                int n = member ? 0 : fuse_req_getgroups(req, 64, groups);
+                for (int i = 0; i < n && i < 64 && !member; i++)
+                        member = groups[i] == st.st_gid;
+                bits = member ? (st.st_mode >> 3) & 7 : st.st_mode & 7;
+        }
+        fuse_reply_err(req, ((unsigned)mask & ~bits & 7) ? EACCES : 0);
+}

@@ -1,0 +1,300 @@
+/* ops-io.c: create, open, read, write, fallocate, flush, fsync, release.
+ *
+ * The access log is written here: every open, read, write and create is one kidx_touch() (memory only).
+ * Opens also invalidate the kernel's cached attributes of the inode (attributes only, never its pages),
+ * so that the next stat shows the new atime even when the read is served from the page cache.
+ *
+ * Space: an operation that may allocate first reserves an upper bound of what it can allocate
+ * (estimate()), which may evict (evict.c); afterwards it re-reads st_blocks and the index's used total
+ * moves by the exact difference. Writes inside already-allocated space reserve nothing and cost no fstat.
+ *
+ * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+#define BLK 4096ULL
+
+static uint64_t round_up(uint64_t v)
+{
+        return (v + BLK - 1) / BLK * BLK;
+}
+
+/* An upper bound of the bytes a write or fallocate of [off, off+len) can newly allocate: no more than
+ * the range itself (plus a block of metadata), and no more than the file could hold if fully allocated. */
+static uint64_t estimate(struct kfs_inode *in, uint64_t off, uint64_t len)
+{
+        pthread_mutex_lock(&in->lock);
+        uint64_t alloc = in->alloc, size = in->size;
+        bool counted = !in->unlinked;
+        pthread_mutex_unlock(&in->lock);
+        if (!counted)
+                return 0;
+        uint64_t end = off + len, full = round_up(end > size ? end : size);
+        uint64_t need = full > alloc ? full - alloc : 0, cap = round_up(len) + BLK;
+        return need < cap ? need : cap;
+}
+
+/* By access mode alone: the kernel strips O_TRUNC from the flags it sends with release. */
+static bool is_writer(int flags)
+{
+        return (flags & O_ACCMODE) != O_RDONLY;
+}
+
+static void count_open(struct kfs *fs, struct kfs_inode *in, bool writer, int delta)
+{
+        pthread_mutex_lock(&fs->itable_lock);
+        if (writer)
+                in->writers += delta;
+        else
+                in->readers += delta;
+        pthread_mutex_unlock(&fs->itable_lock);
+}
+
+/* Re-reads the file through fd, accounts it (T3), and says whether the kernel may keep its cached pages:
+ * only if neither size nor mtime moved since we last looked. */
+static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
+{
+        struct stat st;
+        bool keep = false;
+        pthread_mutex_lock(&in->lock);
+        if (fstat(fd, &st) == 0) {
+                keep = in->cache_ok && (uint64_t)st.st_size == in->size && st.st_mtim.tv_sec == in->mtime.tv_sec &&
+                       st.st_mtim.tv_nsec == in->mtime.tv_nsec;
+                kfs_inode_account_locked(fs, in, &st);
+                in->cache_ok = true;
+        }
+        pthread_mutex_unlock(&in->lock);
+        return keep;
+}
+
+static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
+{
+        if (fs->o.nolog)
+                return;
+        int64_t now = kfs_now_ns();
+        kidx_touch(fs->idx, in->bino, now, 1, 0);
+        atomic_store(&in->atime_ns, now);
+        (void)req;
+        /* Attributes only (offset -1): takes no inode lock in the kernel, so it is safe from this handler. */
+        fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+}
+
+void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        int flags = (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC;
+        bool writer = is_writer(flags);
+        char proc[64];
+
+        pthread_mutex_lock(&fs->itable_lock);
+        if (in->evicted) {
+                /* Evicted after the kernel looked it up; the kernel's dentry is being invalidated. */
+                pthread_mutex_unlock(&fs->itable_lock);
+                fuse_reply_err(req, ENOENT);
+                return;
+        }
+        if (writer)
+                in->writers++;
+        else
+                in->readers++;
+        pthread_mutex_unlock(&fs->itable_lock);
+
+        kfs_proc_path(proc, sizeof(proc), in->fd);
+        int fd = open(proc, flags);
+        if (fd < 0) {
+                int e = errno;
+                count_open(fs, in, writer, -1);
+                fuse_reply_err(req, e);
+                return;
+        }
+        fi->keep_cache = refresh(fs, in, fd) && !(flags & O_TRUNC);
+        fi->noflush = !writer; /* nothing to flush for a reader: spare the kernel the round trip */
+        fi->fh = (uint64_t)fd;
+        log_open(req, fs, in, ino);
+        if (fuse_reply_open(req, fi) == -ENOENT) {
+                /* The opener was interrupted: the kernel will never release this handle. */
+                close(fd);
+                count_open(fs, in, writer, -1);
+        }
+}
+
+void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *dir = kfs_inode_get(fs, parent);
+        if (kfs_hidden(fs, dir, name)) {
+                fuse_reply_err(req, EPERM);
+                return;
+        }
+        int flags = (fi->flags & ~(O_NOCTTY)) | O_CLOEXEC | O_NOFOLLOW;
+        bool created = true;
+        int fd = openat(dir->fd, name, flags | O_CREAT | O_EXCL, mode);
+        if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
+                created = false; /* it appeared since the kernel's lookup: open it as it is */
+                fd = openat(dir->fd, name, flags & ~O_CREAT);
+        }
+        if (fd < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        int r = created ? kfs_set_owner(fs, req, dir, name) : 0;
+        struct stat st;
+        if (r == 0 && fstat(fd, &st) < 0)
+                r = -errno;
+        if (r < 0)
+                goto fail;
+        if (created) {
+                kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
+                kidx_add_dent(fs->idx, dir->bino, name, st.st_ino, KIDX_REG);
+        }
+        struct fuse_entry_param e;
+        r = kfs_do_lookup(fs, dir, name, &e);
+        if (r < 0)
+                goto fail;
+        struct kfs_inode *in = kfs_inode_get(fs, e.ino);
+        count_open(fs, in, is_writer(flags), 1);
+        refresh(fs, in, fd);
+        if (!created)
+                log_open(req, fs, in, e.ino);
+        fi->fh = (uint64_t)fd;
+        if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+                close(fd);
+                count_open(fs, in, is_writer(flags), -1);
+        }
+        return;
+fail:
+        if (created)
+                unlinkat(dir->fd, name, 0);
+        close(fd);
+        fuse_reply_err(req, -r);
+}
+
+void kfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+        buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+        buf.buf[0].fd = (int)fi->fh;
+        buf.buf[0].pos = off;
+        if (!fs->o.nolog) {
+                pthread_mutex_lock(&in->lock);
+                uint64_t fsize = in->size;
+                pthread_mutex_unlock(&in->lock);
+                uint64_t served = (uint64_t)off >= fsize ? 0 : fsize - (uint64_t)off;
+                int64_t now = kfs_now_ns();
+                kidx_touch(fs->idx, in->bino, now, 0, served < size ? served : size);
+                atomic_store(&in->atime_ns, now);
+        }
+        fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+/* Runs op (a write or fallocate) under a reservation of est bytes; on ENOSPC from the backing
+ * filesystem evicts and retries once if retry_ok. Accounts the result exactly. */
+struct io_op {
+        int fd;
+        int mode;          /* fallocate */
+        off_t off, len;
+        struct fuse_bufvec *src; /* write */
+};
+
+static ssize_t run_op(const struct io_op *op)
+{
+        if (!op->src)
+                return fallocate(op->fd, op->mode, op->off, op->len) < 0 ? -errno : 0;
+        struct fuse_bufvec dst = FUSE_BUFVEC_INIT(fuse_buf_size(op->src));
+        dst.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+        dst.buf[0].fd = op->fd;
+        dst.buf[0].pos = op->off;
+        size_t saved_idx = op->src->idx, saved_off = op->src->off;
+        ssize_t r = fuse_buf_copy(&dst, op->src, 0);
+        if (r < 0) {
+                op->src->idx = saved_idx;
+                op->src->off = saved_off;
+        }
+        return r;
+}
+
+static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct io_op *op, uint64_t est,
+                             bool retry_ok)
+{
+        if (est) {
+                int r = kfs_space_reserve(fs, est, 0);
+                if (r < 0)
+                        return r;
+        }
+        ssize_t res = run_op(op);
+        if (res == -ENOSPC && retry_ok) {
+                kfs_evict_for_enospc(fs, est ? est : (uint64_t)op->len, 0);
+                res = run_op(op);
+        }
+        if (est || res < 0) {
+                struct stat st;
+                pthread_mutex_lock(&in->lock);
+                if (fstat(op->fd, &st) == 0)
+                        kfs_inode_account_locked(fs, in, &st);
+                pthread_mutex_unlock(&in->lock);
+                if (est)
+                        kfs_space_release(fs, est);
+        }
+        return res;
+}
+
+void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        size_t len = fuse_buf_size(bufv);
+        struct io_op op = { .fd = (int)fi->fh, .off = off, .len = (off_t)len, .src = bufv };
+        bool retry_ok = !(bufv->buf[0].flags & FUSE_BUF_IS_FD); /* a spliced pipe can be read only once */
+        ssize_t res = allocating_op(fs, in, &op, estimate(in, (uint64_t)off, len), retry_ok);
+        if (res < 0) {
+                fuse_reply_err(req, (int)-res);
+                return;
+        }
+        if (!fs->o.nolog) {
+                int64_t now = kfs_now_ns();
+                kidx_touch(fs->idx, in->bino, now, 0, 0);
+                atomic_store(&in->atime_ns, now);
+        }
+        fuse_reply_write(req, (size_t)res);
+}
+
+void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        struct io_op op = { .fd = (int)fi->fh, .mode = mode, .off = off, .len = len };
+        uint64_t est = mode & FALLOC_FL_PUNCH_HOLE ? 0 : estimate(in, (uint64_t)off, (uint64_t)len);
+        ssize_t res = allocating_op(fs, in, &op, est, true);
+        fuse_reply_err(req, res < 0 ? (int)-res : 0);
+}
+
+void kfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        /* Writes go straight to the backing file, so close() has nothing left to push. */
+        (void)ino;
+        (void)fi;
+        fuse_reply_err(req, 0);
+}
+
+void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
+{
+        (void)ino;
+        int fd = (int)fi->fh;
+        fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+}
+
+void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        close((int)fi->fh);
+        count_open(fs, kfs_inode_get(fs, ino), is_writer(fi->flags), -1);
+        fuse_reply_err(req, 0);
+}

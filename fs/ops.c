@@ -1,0 +1,64 @@
+/* ops.c: the operations table and the session's capabilities. Nothing else lives here. */
+#include "kfs.h"
+
+void kfs_op_init(void *ud, struct fuse_conn_info *conn)
+{
+        (void)ud;
+        /* Splice file data straight from the backing file to /dev/fuse on reads. */
+        if (conn->capable & FUSE_CAP_SPLICE_WRITE)
+                conn->want |= FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE;
+        if (conn->capable & FUSE_CAP_PARALLEL_DIROPS)
+                conn->want |= FUSE_CAP_PARALLEL_DIROPS;
+        if (conn->capable & FUSE_CAP_ATOMIC_O_TRUNC)
+                conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
+        if (conn->capable & FUSE_CAP_READDIRPLUS)
+                conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
+        /* Locks stay in the kernel: flock and fcntl locks then work between all processes of this node,
+         * which is the scope of the cache, and cost no round trip. */
+        conn->want &= ~(unsigned)(FUSE_CAP_FLOCK_LOCKS | FUSE_CAP_POSIX_LOCKS);
+        /* Write-through: a write fails with ENOSPC in the syscall that crosses the limit, not at close. */
+        conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+        conn->max_write = 1024 * 1024;
+}
+
+void kfs_op_destroy(void *ud)
+{
+        (void)ud;
+}
+
+const struct fuse_lowlevel_ops kfs_ops = {
+        .init = kfs_op_init,
+        .destroy = kfs_op_destroy,
+        .lookup = kfs_op_lookup,
+        .forget = kfs_op_forget,
+        .forget_multi = kfs_op_forget_multi,
+        .getattr = kfs_op_getattr,
+        .setattr = kfs_op_setattr,
+        .readlink = kfs_op_readlink,
+        .mknod = kfs_op_mknod,
+        .mkdir = kfs_op_mkdir,
+        .unlink = kfs_op_unlink,
+        .rmdir = kfs_op_rmdir,
+        .symlink = kfs_op_symlink,
+        .rename = kfs_op_rename,
+        .link = kfs_op_link,
+        .open = kfs_op_open,
+        .read = kfs_op_read,
+        .write_buf = kfs_op_write_buf,
+        .flush = kfs_op_flush,
+        .release = kfs_op_release,
+        .fsync = kfs_op_fsync,
+        .opendir = kfs_op_opendir,
+        .readdir = kfs_op_readdir,
+        .readdirplus = kfs_op_readdirplus,
+        .releasedir = kfs_op_releasedir,
+        .fsyncdir = kfs_op_fsyncdir,
+        .statfs = kfs_op_statfs,
+        .setxattr = kfs_op_setxattr,
+        .getxattr = kfs_op_getxattr,
+        .listxattr = kfs_op_listxattr,
+        .removexattr = kfs_op_removexattr,
+        .access = kfs_op_access,
+        .create = kfs_op_create,
+        .fallocate = kfs_op_fallocate,
+};

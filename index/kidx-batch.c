@@ -1,0 +1,368 @@
+/* kidx-batch.c: the in-memory batch (mutators) and the queries that must see it.
+ *
+ * Every mutator takes batch_lock for a few hundred nanoseconds and does no I/O: this is the daemon's hot
+ * path. Structural changes become ops (ordered); per-file changes coalesce into one touch per inode, so a
+ * file read a thousand times between two flushes costs one UPDATE. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kidx-internal.h"
+
+/* batch_lock held. NULL only on ENOMEM, in which case the change is dropped: the index is a cache of the
+ * tree, and the next reconcile repairs it. */
+static struct kidx__touch *touch_of(kidx *idx, uint64_t ino)
+{
+        struct kidx__touch *t = kmap_get(&idx->touches, ino);
+        if (t)
+                return t;
+        t = calloc(1, sizeof(*t));
+        if (!t)
+                return NULL;
+        t->pinned = -1;
+        t->bytes = -1;
+        if (kmap_put(&idx->touches, ino, t) < 0) {
+                free(t);
+                return NULL;
+        }
+        return t;
+}
+
+/* batch_lock held. */
+static struct kidx__op *push_op(kidx *idx, enum kidx__op_kind kind)
+{
+        if (idx->nops == idx->cap_ops) {
+                size_t ncap = idx->cap_ops ? idx->cap_ops * 2 : 256;
+                struct kidx__op *n = realloc(idx->ops, ncap * sizeof(*n));
+                if (!n)
+                        return NULL;
+                idx->ops = n;
+                idx->cap_ops = ncap;
+        }
+        struct kidx__op *op = &idx->ops[idx->nops++];
+        memset(op, 0, sizeof(*op));
+        op->kind = kind;
+        return op;
+}
+
+uint64_t kidx_touch(kidx *idx, uint64_t ino, int64_t now_ns, uint32_t opens, uint64_t bytes_read)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        uint64_t seq = ++idx->stats.seq;
+        idx->stats.opens += opens;
+        idx->stats.bytes_read += bytes_read;
+        struct kidx__touch *t = touch_of(idx, ino);
+        if (t) {
+                t->seq = seq;
+                t->atime_ns = now_ns;
+                t->has_atime = true;
+                t->opens += opens;
+                t->bytes_read += bytes_read;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        return seq;
+}
+
+void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__touch *t = touch_of(idx, ino);
+        if (t) {
+                t->atime_ns = atime_ns;
+                t->has_atime = true;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t old_bytes, uint64_t new_bytes)
+{
+        if (old_bytes == new_bytes)
+                return;
+        pthread_mutex_lock(&idx->batch_lock);
+        idx->stats.used_bytes += new_bytes - old_bytes; /* modular: exact for decreases too */
+        struct kidx__touch *t = touch_of(idx, ino);
+        if (t)
+                t->bytes = (int64_t)new_bytes;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+void kidx_set_pinned(kidx *idx, uint64_t ino, bool pinned)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__touch *t = touch_of(idx, ino);
+        if (t)
+                t->pinned = pinned;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_t now_ns)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__touch *t = touch_of(idx, ino);
+        if (t) {
+                memset(t, 0, sizeof(*t));
+                t->added = true;
+                t->seq = ++idx->stats.seq;
+                t->atime_ns = now_ns;
+                t->has_atime = true;
+                t->bytes = (int64_t)bytes;
+                t->uid = uid;
+                t->opens = 1;
+        }
+        idx->stats.opens++;
+        idx->stats.used_bytes += bytes;
+        idx->stats.files++;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+static char *dup_name(const char *s)
+{
+        return s ? strdup(s) : NULL;
+}
+
+void kidx_add_dent(kidx *idx, uint64_t dir, const char *name, uint64_t ino, enum kidx_type type)
+{
+        char *n = dup_name(name);
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__op *op = n ? push_op(idx, OP_ADD_DENT) : NULL;
+        if (op) {
+                op->a = dir;
+                op->b = ino;
+                op->c = type;
+                op->s1 = n;
+                n = NULL;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        free(n);
+}
+
+void kidx_del_dent(kidx *idx, uint64_t dir, const char *name)
+{
+        char *n = dup_name(name);
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__op *op = n ? push_op(idx, OP_DEL_DENT) : NULL;
+        if (op) {
+                op->a = dir;
+                op->s1 = n;
+                n = NULL;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        free(n);
+}
+
+/* batch_lock held: the file's row goes away; a touch of it must not reach a reused inode (I4). */
+static void drop_file_locked(kidx *idx, uint64_t ino, uint64_t bytes)
+{
+        free(kmap_del(&idx->touches, ino));
+        idx->stats.used_bytes -= bytes;
+        if (idx->stats.files > 0)
+                idx->stats.files--;
+}
+
+void kidx_del_file(kidx *idx, uint64_t ino, uint64_t bytes)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        drop_file_locked(idx, ino, bytes);
+        struct kidx__op *op = push_op(idx, OP_DEL_FILE);
+        if (op)
+                op->a = ino;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+void kidx_rename(kidx *idx, uint64_t odir, const char *oname, uint64_t ndir, const char *nname, bool exchange)
+{
+        char *o = dup_name(oname), *n = dup_name(nname);
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__op *op = o && n ? push_op(idx, exchange ? OP_EXCHANGE : OP_RENAME) : NULL;
+        if (op) {
+                op->a = odir;
+                op->b = ndir;
+                op->s1 = o;
+                op->s2 = n;
+                o = n = NULL;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        free(o);
+        free(n);
+}
+
+void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int64_t now_ns)
+{
+        char *p = dup_name(path);
+        pthread_mutex_lock(&idx->batch_lock);
+        drop_file_locked(idx, ino, bytes);
+        idx->stats.evicted_files++;
+        idx->stats.evicted_bytes += bytes;
+        struct kidx__op *op = push_op(idx, OP_EVICTED);
+        if (op) {
+                op->a = ino;
+                op->b = bytes;
+                op->t = now_ns;
+                op->s1 = p;
+                p = NULL;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        free(p);
+}
+
+uint64_t kidx_used(kidx *idx)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        uint64_t u = idx->stats.used_bytes;
+        pthread_mutex_unlock(&idx->batch_lock);
+        return u;
+}
+
+void kidx_get_stats(kidx *idx, struct kidx_stats *ret)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        *ret = idx->stats;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
+int kidx_get_file(kidx *idx, uint64_t ino, struct kidx_file *ret)
+{
+        struct kidx_file f = { .ino = ino };
+        struct kidx__touch t;
+        bool have_touch = false;
+
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__touch *p = kmap_get(&idx->touches, ino);
+        if (p) {
+                t = *p;
+                have_touch = true;
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+
+        if (have_touch && t.added) {
+                f.bytes = (uint64_t)(t.bytes < 0 ? 0 : t.bytes);
+                f.seq = t.seq;
+                f.atime_ns = t.atime_ns;
+                f.opens = t.opens;
+                f.bytes_read = t.bytes_read;
+                f.pinned = t.pinned > 0;
+                f.uid = t.uid;
+                *ret = f;
+                return 0;
+        }
+
+        pthread_mutex_lock(&idx->rd_lock);
+        sqlite3_stmt *st = idx->rd_get;
+        sqlite3_bind_int64(st, 1, (int64_t)ino);
+        int rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                f.bytes = (uint64_t)sqlite3_column_int64(st, 0);
+                f.seq = (uint64_t)sqlite3_column_int64(st, 1);
+                f.atime_ns = sqlite3_column_int64(st, 2);
+                f.opens = (uint64_t)sqlite3_column_int64(st, 3);
+                f.bytes_read = (uint64_t)sqlite3_column_int64(st, 4);
+                f.pinned = sqlite3_column_int64(st, 5) != 0;
+                f.uid = (uint32_t)sqlite3_column_int64(st, 6);
+        }
+        sqlite3_reset(st);
+        pthread_mutex_unlock(&idx->rd_lock);
+        if (rc != SQLITE_ROW)
+                return rc == SQLITE_DONE ? -ENOENT : kidx__errno(rc);
+
+        if (have_touch) {
+                if (t.seq)
+                        f.seq = t.seq;
+                if (t.has_atime)
+                        f.atime_ns = t.atime_ns;
+                f.opens += t.opens;
+                f.bytes_read += t.bytes_read;
+                if (t.bytes >= 0)
+                        f.bytes = (uint64_t)t.bytes;
+                if (t.pinned >= 0)
+                        f.pinned = t.pinned;
+        }
+        *ret = f;
+        return 0;
+}
+
+int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, size_t max)
+{
+        pthread_mutex_lock(&idx->db_lock);
+        sqlite3_stmt *st = idx->st[ST_LRU];
+        sqlite3_bind_int64(st, 1, (int64_t)after_seq);
+        sqlite3_bind_int64(st, 2, (int64_t)max);
+        int n = 0, rc;
+        while ((size_t)n < max && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                rows[n].ino = (uint64_t)sqlite3_column_int64(st, 0);
+                rows[n].seq = (uint64_t)sqlite3_column_int64(st, 1);
+                rows[n].bytes = (uint64_t)sqlite3_column_int64(st, 2);
+                n++;
+        }
+        int r = (size_t)n < max && rc != SQLITE_DONE ? kidx__errno(rc) : 0;
+        sqlite3_reset(st);
+        pthread_mutex_unlock(&idx->db_lock);
+        return r < 0 ? r : n;
+}
+
+int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const char *name), void *ud)
+{
+        pthread_mutex_lock(&idx->db_lock);
+        sqlite3_stmt *st = idx->st[ST_NAMES];
+        sqlite3_bind_int64(st, 1, (int64_t)ino);
+        int n = 0, rc;
+        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                fn(ud, (uint64_t)sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1));
+                n++;
+        }
+        int r = rc == SQLITE_DONE ? n : kidx__errno(rc);
+        sqlite3_reset(st);
+        pthread_mutex_unlock(&idx->db_lock);
+        return r;
+}
+
+int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size)
+{
+        /* Walk up through the parents, then reverse the components in place. */
+        if (size == 0)
+                return -ERANGE;
+        size_t len = 0;
+        int r = 0, depth = 0;
+        buf[0] = '\0';
+        pthread_mutex_lock(&idx->db_lock);
+        sqlite3_stmt *st = idx->st[ST_PARENT];
+        for (uint64_t cur = dir;; depth++) {
+                if (depth > 4096) {
+                        r = -ELOOP;
+                        break;
+                }
+                sqlite3_bind_int64(st, 1, (int64_t)cur);
+                int rc = sqlite3_step(st);
+                if (rc != SQLITE_ROW) {
+                        sqlite3_reset(st);
+                        /* No parent row: the walk must have reached the root. */
+                        r = rc != SQLITE_DONE ? kidx__errno(rc) : cur == idx->root_ino ? 0 : -ENOENT;
+                        break;
+                }
+                uint64_t parent = (uint64_t)sqlite3_column_int64(st, 0);
+                const char *name = (const char *)sqlite3_column_text(st, 1);
+                size_t nl = strlen(name);
+                if (len + nl + 2 > size) {
+                        sqlite3_reset(st);
+                        r = -ENAMETOOLONG;
+                        break;
+                }
+                /* Append the component reversed, then a '/'; the whole string is reversed at the end. */
+                for (size_t i = 0; i < nl; i++)
+                        buf[len++] = name[nl - 1 - i];
+                buf[len++] = '/';
+                sqlite3_reset(st);
+                cur = parent;
+        }
+        pthread_mutex_unlock(&idx->db_lock);
+        if (r < 0)
+                return r;
+        if (len > 0)
+                len--; /* trailing '/' */
+        buf[len] = '\0';
+        for (size_t i = 0; i < len / 2; i++) {
+                char c = buf[i];
+                buf[i] = buf[len - 1 - i];
+                buf[len - 1 - i] = c;
+        }
+        return 0;
+}

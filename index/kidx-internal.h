@@ -1,0 +1,68 @@
+/* Internals shared by the files of index/. Nothing outside index/ includes this. */
+#pragma once
+
+#include <pthread.h>
+#include <sqlite3.h>
+
+#include "../common/kmap.h"
+#include "kidx.h"
+
+/* What the batch knows about one file since the last flush. */
+struct kidx__touch {
+        uint64_t seq;        /* 0: no access logged */
+        int64_t atime_ns;    /* valid if has_atime */
+        bool has_atime;
+        bool added;          /* the file was created in this batch: all fields are absolute */
+        int8_t pinned;       /* -1: unchanged */
+        uint32_t opens;      /* delta (absolute if added) */
+        uint32_t uid;        /* if added */
+        uint64_t bytes_read; /* delta (absolute if added) */
+        int64_t bytes;       /* -1: unchanged */
+};
+
+enum kidx__op_kind { OP_ADD_DENT, OP_DEL_DENT, OP_RENAME, OP_EXCHANGE, OP_DEL_FILE, OP_EVICTED };
+
+/* A structural change, applied in order before the touches. */
+struct kidx__op {
+        enum kidx__op_kind kind;
+        uint64_t a, b, c;  /* ADD_DENT: dir, ino, type; DEL_DENT: dir; RENAME: odir, ndir;
+                              DEL_FILE/EVICTED: ino, bytes */
+        int64_t t;         /* EVICTED: time */
+        char *s1, *s2;     /* names (owned) */
+};
+
+enum kidx__stmt {
+        ST_TOUCH, ST_ADD_FILE, ST_DEL_FILE, ST_ADD_DENT, ST_DEL_DENT, ST_DEL_DENTS_OF, ST_RENAME,
+        ST_LOG_EVICTION, ST_SET_META, ST_LRU, ST_NAMES, ST_PARENT,
+        ST__COUNT
+};
+
+struct kidx {
+        sqlite3 *db;                    /* write connection; db_lock */
+        sqlite3 *rd;                    /* read connection; rd_lock */
+        sqlite3_stmt *st[ST__COUNT];    /* on db; db_lock */
+        sqlite3_stmt *rd_get;           /* on rd; rd_lock */
+        pthread_mutex_t db_lock;
+        pthread_mutex_t rd_lock;
+
+        pthread_mutex_t batch_lock;
+        kmap touches;                   /* ino -> struct kidx__touch*; batch_lock */
+        struct kidx__op *ops;           /* batch_lock */
+        size_t nops, cap_ops;           /* batch_lock */
+        struct kidx_stats stats;        /* counters; batch_lock (flushes: db_lock) */
+
+        pthread_t writer;
+        bool writer_running;
+        bool writer_stop;               /* batch_lock */
+        pthread_cond_t writer_cond;     /* signalled on stop; batch_lock */
+        unsigned interval_ms;
+
+        char *db_path;
+        uint64_t root_ino;              /* backing root's inode (I2); set at open */
+};
+
+int kidx__errno(int sqlite_rc);
+int kidx__exec(sqlite3 *db, const char *sql);
+int kidx__set_meta(kidx *idx, const char *k, int64_t v);
+/* Reconcile the index with the backing tree (see kidx.h). Runs inside its own transaction. */
+int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progress);

@@ -1,0 +1,574 @@
+/* kidx.c: opening, validating and closing the index; the flush and the writer thread.
+ *
+ * Invariants (numbered so code can refer to them):
+ *  I1. meta.clean = 1 only between a clean kidx_close() and the next kidx_mark_dirty(). If it is 0 at
+ *      open, the tree may differ from the rows, so kidx_open() reconciles (kidx-rebuild.c).
+ *  I2. meta.root_ino is the backing root's inode number; a different root means the rows describe
+ *      another tree, so they are discarded and rebuilt.
+ *  I3. stats.used_bytes = sum(files.bytes) + the deltas in the batch. It is loaded at open and then
+ *      maintained by the mutators; it never needs the database on the hot path.
+ *  I4. A flush applies ops in the order they were made, then the touches (a touch never precedes the
+ *      op that created its row, because kidx_del_file drops the touch of a reused inode).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kidx-internal.h"
+
+static const char *const SCHEMA =
+        "CREATE TABLE IF NOT EXISTS meta(k TEXT PRIMARY KEY, v INTEGER NOT NULL) WITHOUT ROWID;"
+        "CREATE TABLE IF NOT EXISTS files("
+        "  ino INTEGER PRIMARY KEY, bytes INTEGER NOT NULL, seq INTEGER NOT NULL,"
+        "  atime_ns INTEGER NOT NULL, opens INTEGER NOT NULL DEFAULT 0,"
+        "  bytes_read INTEGER NOT NULL DEFAULT 0, pinned INTEGER NOT NULL DEFAULT 0,"
+        "  uid INTEGER NOT NULL DEFAULT 0);"
+        "CREATE INDEX IF NOT EXISTS files_lru ON files(seq) WHERE pinned = 0;"
+        "CREATE TABLE IF NOT EXISTS dents(dir INTEGER NOT NULL, name TEXT NOT NULL,"
+        "  ino INTEGER NOT NULL, type INTEGER NOT NULL, PRIMARY KEY(dir, name)) WITHOUT ROWID;"
+        "CREATE INDEX IF NOT EXISTS dents_ino ON dents(ino);"
+        "CREATE TABLE IF NOT EXISTS evictions(id INTEGER PRIMARY KEY, time_ns INTEGER NOT NULL,"
+        "  ino INTEGER NOT NULL, bytes INTEGER NOT NULL, name TEXT NOT NULL);";
+
+static const char *const STMT_SQL[ST__COUNT] = {
+        [ST_TOUCH] = "UPDATE files SET seq = CASE WHEN ?1 > 0 THEN ?1 ELSE seq END,"
+                     " atime_ns = COALESCE(?2, atime_ns), opens = opens + ?3,"
+                     " bytes_read = bytes_read + ?4, bytes = COALESCE(?5, bytes),"
+                     " pinned = COALESCE(?6, pinned) WHERE ino = ?7",
+        [ST_ADD_FILE] = "INSERT OR REPLACE INTO files(ino, bytes, seq, atime_ns, opens, bytes_read,"
+                        " pinned, uid) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        [ST_DEL_FILE] = "DELETE FROM files WHERE ino = ?1",
+        [ST_ADD_DENT] = "INSERT OR REPLACE INTO dents(dir, name, ino, type) VALUES (?1, ?2, ?3, ?4)",
+        [ST_DEL_DENT] = "DELETE FROM dents WHERE dir = ?1 AND name = ?2",
+        [ST_DEL_DENTS_OF] = "DELETE FROM dents WHERE ino = ?1",
+        [ST_RENAME] = "UPDATE dents SET dir = ?3, name = ?4 WHERE dir = ?1 AND name = ?2",
+        [ST_LOG_EVICTION] = "INSERT INTO evictions(time_ns, ino, bytes, name) VALUES (?1, ?2, ?3, ?4)",
+        [ST_SET_META] = "INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)",
+        [ST_LRU] = "SELECT ino, seq, bytes FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2",
+        [ST_NAMES] = "SELECT dir, name FROM dents WHERE ino = ?1",
+        [ST_PARENT] = "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1",
+};
+
+/* Evictions remembered for operators (kcache, the crash tests). */
+#define EVICTION_LOG_ROWS 100000
+
+int kidx__errno(int rc)
+{
+        switch (rc & 0xff) {
+        case SQLITE_OK:
+        case SQLITE_DONE:
+        case SQLITE_ROW:
+                return 0;
+        case SQLITE_NOMEM:
+                return -ENOMEM;
+        case SQLITE_FULL:
+                return -ENOSPC;
+        case SQLITE_READONLY:
+                return -EROFS;
+        case SQLITE_PERM:
+        case SQLITE_AUTH:
+                return -EACCES;
+        case SQLITE_CANTOPEN:
+                return -EACCES;
+        case SQLITE_BUSY:
+        case SQLITE_LOCKED:
+                return -EBUSY;
+        case SQLITE_CORRUPT:
+        case SQLITE_NOTADB:
+        case SQLITE_FORMAT:
+                return -EBADMSG;
+        default:
+                return -EIO;
+        }
+}
+
+int kidx__exec(sqlite3 *db, const char *sql)
+{
+        return kidx__errno(sqlite3_exec(db, sql, NULL, NULL, NULL));
+}
+
+int kidx__set_meta(kidx *idx, const char *k, int64_t v)
+{
+        sqlite3_stmt *st = idx->st[ST_SET_META];
+        sqlite3_bind_text(st, 1, k, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, v);
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        return kidx__errno(rc);
+}
+
+static int get_meta(sqlite3 *db, const char *k, int64_t *ret)
+{
+        sqlite3_stmt *st;
+        int rc = sqlite3_prepare_v2(db, "SELECT v FROM meta WHERE k = ?1", -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        sqlite3_bind_text(st, 1, k, -1, SQLITE_STATIC);
+        rc = sqlite3_step(st);
+        int r = rc == SQLITE_ROW ? 0 : rc == SQLITE_DONE ? -ENOENT : kidx__errno(rc);
+        if (rc == SQLITE_ROW)
+                *ret = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        return r;
+}
+
+static int64_t meta_or(sqlite3 *db, const char *k, int64_t dflt)
+{
+        int64_t v;
+        return get_meta(db, k, &v) == 0 ? v : dflt;
+}
+
+static int open_conn(const char *path, int flags, sqlite3 **ret)
+{
+        sqlite3 *db = NULL;
+        int rc = sqlite3_open_v2(path, &db, flags | SQLITE_OPEN_NOMUTEX, NULL);
+        if (rc != SQLITE_OK) {
+                int r = kidx__errno(rc);
+                sqlite3_close(db);
+                return r;
+        }
+        sqlite3_busy_timeout(db, 5000);
+        *ret = db;
+        return 0;
+}
+
+/* Moves a damaged index (and its WAL) aside so nothing is lost for a post-mortem. */
+static void move_aside(const char *path)
+{
+        char dst[4096], aux[4096];
+        snprintf(dst, sizeof(dst), "%s.corrupt", path);
+        (void)rename(path, dst);
+        snprintf(aux, sizeof(aux), "%s-wal", path);
+        (void)unlink(aux);
+        snprintf(aux, sizeof(aux), "%s-shm", path);
+        (void)unlink(aux);
+}
+
+/* Opens the write connection and checks that the file is an index of our schema.
+ * Returns 0, -EBADMSG (corrupt), -EPROTO (other schema), or another -errno. */
+static int open_checked(kidx *idx, bool *ret_new)
+{
+        int r = open_conn(idx->db_path, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, &idx->db);
+        if (r < 0)
+                return r;
+        int64_t ver = -1;
+        sqlite3_stmt *st;
+        int rc = sqlite3_prepare_v2(idx->db, "PRAGMA user_version", -1, &st, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW)
+                ver = sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        if (ver < 0)
+                return kidx__errno(rc) ?: -EIO;
+        /* WAL: readers never block the writer; NORMAL: a committed batch survives a process crash. */
+        r = kidx__exec(idx->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                                "PRAGMA journal_size_limit=67108864; PRAGMA cache_size=-16384;");
+        if (r < 0)
+                return r;
+        if (ver == 0) {
+                *ret_new = true;
+                r = kidx__exec(idx->db, SCHEMA);
+                if (r < 0)
+                        return r;
+                char sql[64];
+                snprintf(sql, sizeof(sql), "PRAGMA user_version=%d", KIDX_SCHEMA_VERSION);
+                return kidx__exec(idx->db, sql);
+        }
+        if (ver != KIDX_SCHEMA_VERSION)
+                return -EPROTO;
+        *ret_new = false;
+        /* Reading the whole files table both loads the totals (I3) and proves the b-tree readable. */
+        rc = sqlite3_prepare_v2(idx->db, "SELECT total(bytes), count(*), max(seq) FROM files", -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        rc = sqlite3_step(st);
+        if (rc == SQLITE_ROW) {
+                idx->stats.used_bytes = (uint64_t)sqlite3_column_double(st, 0);
+                idx->stats.files = (uint64_t)sqlite3_column_int64(st, 1);
+                idx->stats.seq = (uint64_t)sqlite3_column_int64(st, 2);
+        }
+        sqlite3_finalize(st);
+        return rc == SQLITE_ROW ? 0 : (kidx__errno(rc) ?: -EIO);
+}
+
+static int prepare_all(kidx *idx)
+{
+        for (int i = 0; i < ST__COUNT; i++) {
+                int rc = sqlite3_prepare_v3(idx->db, STMT_SQL[i], -1, SQLITE_PREPARE_PERSISTENT, &idx->st[i], NULL);
+                if (rc != SQLITE_OK)
+                        return kidx__errno(rc);
+        }
+        int r = open_conn(idx->db_path, SQLITE_OPEN_READONLY, &idx->rd);
+        if (r < 0)
+                return r;
+        int rc = sqlite3_prepare_v3(idx->rd, "SELECT bytes, seq, atime_ns, opens, bytes_read, pinned, uid"
+                                    " FROM files WHERE ino = ?1", -1, SQLITE_PREPARE_PERSISTENT,
+                                    &idx->rd_get, NULL);
+        return kidx__errno(rc);
+}
+
+static void close_conns(kidx *idx)
+{
+        for (int i = 0; i < ST__COUNT; i++) {
+                sqlite3_finalize(idx->st[i]);
+                idx->st[i] = NULL;
+        }
+        sqlite3_finalize(idx->rd_get);
+        idx->rd_get = NULL;
+        sqlite3_close(idx->rd);
+        idx->rd = NULL;
+        sqlite3_close(idx->db);
+        idx->db = NULL;
+}
+
+static void load_counters(kidx *idx)
+{
+        int64_t seq = meta_or(idx->db, "seq", 0);
+        if ((uint64_t)seq > idx->stats.seq)
+                idx->stats.seq = (uint64_t)seq;
+        idx->stats.opens = (uint64_t)meta_or(idx->db, "opens", 0);
+        idx->stats.bytes_read = (uint64_t)meta_or(idx->db, "bytes_read", 0);
+        idx->stats.evicted_files = (uint64_t)meta_or(idx->db, "evicted_files", 0);
+        idx->stats.evicted_bytes = (uint64_t)meta_or(idx->db, "evicted_bytes", 0);
+        idx->stats.rebuilds = (uint64_t)meta_or(idx->db, "rebuilds", 0);
+}
+
+int kidx_open(const struct kidx_open_opts *opts, kidx **ret, enum kidx_rebuild_reason *ret_reason)
+{
+        kidx *idx = calloc(1, sizeof(*idx));
+        if (!idx)
+                return -ENOMEM;
+        pthread_mutex_init(&idx->db_lock, NULL);
+        pthread_mutex_init(&idx->rd_lock, NULL);
+        pthread_mutex_init(&idx->batch_lock, NULL);
+        pthread_cond_init(&idx->writer_cond, NULL);
+        kmap_init(&idx->touches);
+        idx->db_path = strdup(opts->db_path);
+        if (!idx->db_path) {
+                kidx_close(idx, false);
+                return -ENOMEM;
+        }
+
+        enum kidx_rebuild_reason reason = KIDX_NO_REBUILD;
+        bool fresh = false;
+        int r = open_checked(idx, &fresh);
+        if (r == -EBADMSG || r == -EPROTO) {
+                reason = r == -EBADMSG ? KIDX_REBUILD_CORRUPT : KIDX_REBUILD_SCHEMA;
+                close_conns(idx);
+                move_aside(idx->db_path);
+                memset(&idx->stats, 0, sizeof(idx->stats));
+                r = open_checked(idx, &fresh);
+        }
+        if (r < 0)
+                goto fail;
+        if (fresh && reason == KIDX_NO_REBUILD)
+                reason = KIDX_REBUILD_NEW;
+        r = prepare_all(idx);
+        if (r < 0)
+                goto fail;
+        load_counters(idx);
+
+        struct stat root;
+        if (fstat(opts->backing_fd, &root) < 0) {
+                r = -errno;
+                goto fail;
+        }
+        idx->root_ino = root.st_ino;
+        if (reason == KIDX_NO_REBUILD) {
+                if (meta_or(idx->db, "root_ino", -1) != (int64_t)root.st_ino) {
+                        reason = KIDX_REBUILD_MOVED;
+                        r = kidx__exec(idx->db, "DELETE FROM files; DELETE FROM dents;");
+                        if (r < 0)
+                                goto fail;
+                        idx->stats.used_bytes = idx->stats.files = 0;
+                } else if (meta_or(idx->db, "clean", 0) != 1) {
+                        reason = KIDX_REBUILD_UNCLEAN;
+                } else if (opts->force_rebuild) {
+                        reason = KIDX_REBUILD_FORCED;
+                }
+        }
+        if (reason != KIDX_NO_REBUILD) {
+                r = kidx__rebuild(idx, opts->backing_fd, opts->skip_name, opts->progress);
+                if (r < 0)
+                        goto fail;
+                r = kidx__set_meta(idx, "root_ino", (int64_t)root.st_ino);
+                if (r < 0)
+                        goto fail;
+        }
+        if (ret_reason)
+                *ret_reason = reason;
+        *ret = idx;
+        return 0;
+fail:
+        kidx_close(idx, false);
+        return r;
+}
+
+int kidx_mark_dirty(kidx *idx)
+{
+        pthread_mutex_lock(&idx->db_lock);
+        int r = kidx__set_meta(idx, "clean", 0);
+        pthread_mutex_unlock(&idx->db_lock);
+        return r;
+}
+
+static void free_batch(struct kidx__op *ops, size_t n, kmap *touches)
+{
+        for (size_t i = 0; i < n; i++) {
+                free(ops[i].s1);
+                free(ops[i].s2);
+        }
+        free(ops);
+        uint64_t k;
+        void *v;
+        for (size_t pos = 0; kmap_next(touches, &pos, &k, &v);)
+                free(v);
+        kmap_free(touches);
+}
+
+static int step_reset(sqlite3_stmt *st)
+{
+        int rc = sqlite3_step(st);
+        sqlite3_reset(st);
+        sqlite3_clear_bindings(st);
+        return kidx__errno(rc);
+}
+
+static int apply_op(kidx *idx, const struct kidx__op *op)
+{
+        sqlite3_stmt *st;
+        int r;
+        switch (op->kind) {
+        case OP_ADD_DENT:
+                st = idx->st[ST_ADD_DENT];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                sqlite3_bind_text(st, 2, op->s1, -1, SQLITE_STATIC);
+                sqlite3_bind_int64(st, 3, (int64_t)op->b);
+                sqlite3_bind_int64(st, 4, (int64_t)op->c);
+                return step_reset(st);
+        case OP_DEL_DENT:
+                st = idx->st[ST_DEL_DENT];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                sqlite3_bind_text(st, 2, op->s1, -1, SQLITE_STATIC);
+                return step_reset(st);
+        case OP_RENAME:
+                /* Whatever the target name held is gone (the caller logged its deletion). */
+                st = idx->st[ST_DEL_DENT];
+                sqlite3_bind_int64(st, 1, (int64_t)op->b);
+                sqlite3_bind_text(st, 2, op->s2, -1, SQLITE_STATIC);
+                if ((r = step_reset(st)) < 0)
+                        return r;
+                st = idx->st[ST_RENAME];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                sqlite3_bind_text(st, 2, op->s1, -1, SQLITE_STATIC);
+                sqlite3_bind_int64(st, 3, (int64_t)op->b);
+                sqlite3_bind_text(st, 4, op->s2, -1, SQLITE_STATIC);
+                return step_reset(st);
+        case OP_EXCHANGE: {
+                /* Swap through a name no file can have (NUL-free but with a '/'). */
+                static const char tmp[] = "/kcachefs-exchange";
+                struct kidx__op a = { OP_RENAME, op->a, op->b, 0, 0, op->s1, (char *)tmp };
+                struct kidx__op b = { OP_RENAME, op->b, op->a, 0, 0, op->s2, op->s1 };
+                struct kidx__op c = { OP_RENAME, op->b, op->b, 0, 0, (char *)tmp, op->s2 };
+                if ((r = apply_op(idx, &a)) < 0 || (r = apply_op(idx, &b)) < 0)
+                        return r;
+                return apply_op(idx, &c);
+        }
+        case OP_DEL_FILE:
+                st = idx->st[ST_DEL_FILE];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                return step_reset(st);
+        case OP_EVICTED:
+                st = idx->st[ST_DEL_FILE];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                if ((r = step_reset(st)) < 0)
+                        return r;
+                st = idx->st[ST_DEL_DENTS_OF];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                if ((r = step_reset(st)) < 0)
+                        return r;
+                st = idx->st[ST_LOG_EVICTION];
+                sqlite3_bind_int64(st, 1, op->t);
+                sqlite3_bind_int64(st, 2, (int64_t)op->a);
+                sqlite3_bind_int64(st, 3, (int64_t)op->b);
+                sqlite3_bind_text(st, 4, op->s1 ? op->s1 : "", -1, SQLITE_STATIC);
+                return step_reset(st);
+        }
+        return -EINVAL;
+}
+
+static int apply_touch(kidx *idx, uint64_t ino, const struct kidx__touch *t)
+{
+        sqlite3_stmt *st;
+        if (t->added) {
+                st = idx->st[ST_ADD_FILE];
+                sqlite3_bind_int64(st, 1, (int64_t)ino);
+                sqlite3_bind_int64(st, 2, t->bytes < 0 ? 0 : t->bytes);
+                sqlite3_bind_int64(st, 3, (int64_t)t->seq);
+                sqlite3_bind_int64(st, 4, t->atime_ns);
+                sqlite3_bind_int64(st, 5, t->opens);
+                sqlite3_bind_int64(st, 6, (int64_t)t->bytes_read);
+                sqlite3_bind_int64(st, 7, t->pinned > 0);
+                sqlite3_bind_int64(st, 8, t->uid);
+                return step_reset(st);
+        }
+        st = idx->st[ST_TOUCH];
+        sqlite3_bind_int64(st, 1, (int64_t)t->seq);
+        if (t->has_atime)
+                sqlite3_bind_int64(st, 2, t->atime_ns);
+        sqlite3_bind_int64(st, 3, t->opens);
+        sqlite3_bind_int64(st, 4, (int64_t)t->bytes_read);
+        if (t->bytes >= 0)
+                sqlite3_bind_int64(st, 5, t->bytes);
+        if (t->pinned >= 0)
+                sqlite3_bind_int64(st, 6, t->pinned);
+        sqlite3_bind_int64(st, 7, (int64_t)ino);
+        return step_reset(st);
+}
+
+int kidx_flush(kidx *idx)
+{
+        pthread_mutex_lock(&idx->db_lock);
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__op *ops = idx->ops;
+        size_t nops = idx->nops;
+        kmap touches = idx->touches;
+        struct kidx_stats stats = idx->stats;
+        idx->ops = NULL;
+        idx->nops = idx->cap_ops = 0;
+        kmap_init(&idx->touches);
+        pthread_mutex_unlock(&idx->batch_lock);
+
+        int r = 0;
+        if (nops == 0 && touches.count == 0) /* counters only move with ops or touches */
+                goto out;
+        r = kidx__exec(idx->db, "BEGIN IMMEDIATE");
+        if (r < 0)
+                goto out;
+        for (size_t i = 0; i < nops && r == 0; i++)
+                r = apply_op(idx, &ops[i]);
+        uint64_t k;
+        void *v;
+        for (size_t pos = 0; r == 0 && kmap_next(&touches, &pos, &k, &v);)
+                r = apply_touch(idx, k, v);
+        if (r == 0)
+                r = kidx__set_meta(idx, "seq", (int64_t)stats.seq);
+        if (r == 0)
+                r = kidx__set_meta(idx, "opens", (int64_t)stats.opens);
+        if (r == 0)
+                r = kidx__set_meta(idx, "bytes_read", (int64_t)stats.bytes_read);
+        if (r == 0)
+                r = kidx__set_meta(idx, "evicted_files", (int64_t)stats.evicted_files);
+        if (r == 0)
+                r = kidx__set_meta(idx, "evicted_bytes", (int64_t)stats.evicted_bytes);
+        if (r == 0 && stats.evicted_files > 0) {
+                char sql[128];
+                snprintf(sql, sizeof(sql), "DELETE FROM evictions WHERE id <= (SELECT max(id) FROM evictions) - %d",
+                         EVICTION_LOG_ROWS);
+                r = kidx__exec(idx->db, sql);
+        }
+        if (r == 0)
+                r = kidx__exec(idx->db, "COMMIT");
+        if (r < 0) {
+                /* The batch is lost; the index stays marked dirty (I1), so the next mount reconciles. */
+                kidx__exec(idx->db, "ROLLBACK");
+                fprintf(stderr, "kcachefs: index: flush failed: %s\n", strerror(-r));
+        } else {
+                pthread_mutex_lock(&idx->batch_lock);
+                idx->stats.flushes++;
+                pthread_mutex_unlock(&idx->batch_lock);
+        }
+out:
+        pthread_mutex_unlock(&idx->db_lock);
+        free_batch(ops, nops, &touches);
+        return r;
+}
+
+static void *writer_main(void *arg)
+{
+        kidx *idx = arg;
+        pthread_mutex_lock(&idx->batch_lock);
+        while (!idx->writer_stop) {
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_sec += idx->interval_ms / 1000;
+                ts.tv_nsec += (long)(idx->interval_ms % 1000) * 1000000L;
+                if (ts.tv_nsec >= 1000000000L) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000L;
+                }
+                pthread_cond_timedwait(&idx->writer_cond, &idx->batch_lock, &ts);
+                if (idx->writer_stop)
+                        break;
+                pthread_mutex_unlock(&idx->batch_lock);
+                kidx_flush(idx);
+                pthread_mutex_lock(&idx->batch_lock);
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        return NULL;
+}
+
+int kidx_start_writer(kidx *idx, unsigned interval_ms)
+{
+        idx->interval_ms = interval_ms ? interval_ms : 1000;
+        int r = -pthread_create(&idx->writer, NULL, writer_main, idx);
+        if (r == 0)
+                idx->writer_running = true;
+        return r;
+}
+
+void kidx_close(kidx *idx, bool clean)
+{
+        if (!idx)
+                return;
+        if (idx->writer_running) {
+                pthread_mutex_lock(&idx->batch_lock);
+                idx->writer_stop = true;
+                pthread_cond_signal(&idx->writer_cond);
+                pthread_mutex_unlock(&idx->batch_lock);
+                pthread_join(idx->writer, NULL);
+        }
+        if (idx->db) {
+                int r = kidx_flush(idx);
+                if (clean && r == 0) {
+                        pthread_mutex_lock(&idx->db_lock);
+                        kidx__set_meta(idx, "clean", 1);
+                        /* Fold the WAL into the database so the next open reads one file. */
+                        sqlite3_wal_checkpoint_v2(idx->db, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+                        pthread_mutex_unlock(&idx->db_lock);
+                }
+        }
+        close_conns(idx);
+        free_batch(idx->ops, idx->nops, &idx->touches);
+        pthread_mutex_destroy(&idx->db_lock);
+        pthread_mutex_destroy(&idx->rd_lock);
+        pthread_mutex_destroy(&idx->batch_lock);
+        pthread_cond_destroy(&idx->writer_cond);
+        free(idx->db_path);
+        free(idx);
+}
+
+const char *kidx_rebuild_reason_str(enum kidx_rebuild_reason r)
+{
+        switch (r) {
+        case KIDX_NO_REBUILD:
+                return "index is current";
+        case KIDX_REBUILD_NEW:
+                return "new index";
+        case KIDX_REBUILD_UNCLEAN:
+                return "the last daemon did not stop cleanly";
+        case KIDX_REBUILD_CORRUPT:
+                return "the index was corrupt (moved aside to .corrupt)";
+        case KIDX_REBUILD_SCHEMA:
+                return "the index has an unknown schema (moved aside to .corrupt)";
+        case KIDX_REBUILD_MOVED:
+                return "the index described another backing directory";
+        case KIDX_REBUILD_FORCED:
+                return "rebuild requested";
+        }
+        return "?";
+}
