@@ -43,17 +43,29 @@
  * that races the unlink through an old dentry finds inode->evicted and fails with ENOENT, as if it had
  * come a moment later.
  *
- * TELLING THE KERNEL. Each removed name is invalidated in the kernel (notify.c), or its cached dentry would
- * make stat() and open() find an evicted file. The notification cannot be sent while we hold our locks or
- * from a request whose directory the kernel holds locked, so it goes through a notifier thread, and the
- * request waits a bounded time for it before replying: callers see the eviction complete.
+ * TELLING THE KERNEL. The kernel may still hold a dentry, cached attributes and a cached listing for a
+ * removed name. We never use fuse_lowlevel_notify_inval_entry() for this: it takes the parent directory's
+ * lock in the kernel, and a rename in that directory holds the lock while it waits for our reply. If the
+ * daemon is killed at that moment, the notifying thread can never finish, keeps /dev/fuse open, and the
+ * mount hangs until someone aborts the connection (we hit exactly this in the SIGKILL test). Instead we
+ * send only notifications that take no lock: fuse_lowlevel_notify_inval_inode() with offset -1 on the
+ * victim and on its parent (attributes only). The parent's new mtime then invalidates its cached listing
+ * at the next readdir. A stale dentry of the victim leads to its inode, which is marked evicted: getattr,
+ * setattr and open answer ESTALE, on which the VFS repeats the lookup with LOOKUP_REVAL and finds the name
+ * gone (stat: ENOENT; open with O_CREAT: a new file). Open handles are unaffected. Since the kernel may
+ * keep such an inode cached for long, its O_PATH fd is re-pointed at an anonymous placeholder so that the
+ * backing filesystem frees the blocks now, not when the kernel gets round to forgetting it.
  *
  * CRASHES. Eviction unlinks first and records second. A crash in between leaves index rows for files that
  * are gone; the next mount sees the unclean flag and reconciles with the tree, so nothing is lost and
  * nothing is counted twice.
  *
+ * FAIRNESS. While an eviction runs (fs->evicting), no new reservation is granted on the fast path: every
+ * request waits for evict_lock and then re-checks against the room the eviction made. Without this, the
+ * other writers fill each victim's space as it is freed, and the request that paid for the eviction fails.
+ *
  * Locks: evict_lock serializes evictions (one flush, one consistent order). space_lock guards reserved
- * and is never held across I/O. */
+ * and evicting, and is never held across I/O. */
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -216,15 +228,33 @@ static int choose(struct kfs *fs, uint64_t goal, struct victims *vs)
         return 0;
 }
 
-struct pending_notify {
-        fuse_ino_t parent;
-        char *name;
-};
-
+/* FUSE inodes whose cached attributes must be dropped once our locks are released. */
 struct notify_list {
-        struct pending_notify *items;
+        fuse_ino_t *inos;
         size_t n;
 };
+
+/* itable_lock held. */
+static void note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in)
+{
+        if (!in)
+                return;
+        fuse_ino_t *n = realloc(nl->inos, (nl->n + 1) * sizeof(*n));
+        if (!n)
+                return; /* the kernel then trusts its cache until the timeout: stale, never wrong data */
+        nl->inos = n;
+        n[nl->n++] = in == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+}
+
+/* No lock of ours held. Lock-free in the kernel (attributes only): see TELLING THE KERNEL. */
+static void notify_all(struct kfs *fs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < nl->n; i++)
+                (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->inos[i], -1, 0);
+        free(nl->inos);
+        nl->inos = NULL;
+        nl->n = 0;
+}
 
 /* Removes every name of one victim, unless it was opened since it was chosen. Returns bytes freed. */
 static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *nl)
@@ -257,20 +287,20 @@ static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *
                                 continue;
                         removed++;
                         struct stat ds;
-                        struct kfs_inode *din = NULL;
                         if (fstat(dirfds[i], &ds) == 0)
-                                din = ds.st_ino == fs->root.bino ? &fs->root : kfs_inode_find_locked(fs, ds.st_ino);
-                        struct pending_notify *ni = din ? realloc(nl->items, (nl->n + 1) * sizeof(*ni)) : NULL;
-                        if (ni) {
-                                nl->items = ni;
-                                ni[nl->n].parent = din == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)din;
-                                ni[nl->n].name = strdup(v->names[i].name);
-                                nl->n++;
-                        }
+                                note_inode(fs, nl, kfs_inode_find_locked(fs, ds.st_ino));
                 }
                 struct kfs_inode *in = kfs_inode_find_locked(fs, v->ino);
-                if (in && removed)
-                        in->evicted = true;
+                if (in && removed) {
+                        atomic_store(&in->evicted, true);
+                        /* Our O_PATH fd would keep the unlinked inode, and its blocks, alive until the
+                         * kernel forgets it. Point the fd number at a placeholder: atomic, so a request
+                         * using in->fd concurrently sees one file or the other, never a reused number. */
+                        if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
+                                /* the blocks then stay allocated until the kernel forgets the inode */
+                        }
+                        note_inode(fs, nl, in);
+                }
         }
         pthread_mutex_unlock(&fs->itable_lock);
         for (size_t i = 0; i < v->nnames; i++)
@@ -310,27 +340,6 @@ static int64_t evict_locked(struct kfs *fs, uint64_t target, uint64_t must_free,
         return freed;
 }
 
-/* Hands the removed names to the notifier and waits for them, except names in locked_dir, which the
- * kernel cannot take until this request replies. */
-static void notify_all(struct kfs *fs, struct notify_list *nl, fuse_ino_t locked_dir)
-{
-        uint64_t last = 0;
-        for (int pass = 0; pass < 2; pass++)
-                for (size_t i = 0; i < nl->n; i++) {
-                        bool locked = locked_dir && nl->items[i].parent == locked_dir;
-                        if (locked != (pass == 1))
-                                continue;
-                        uint64_t t = kfs_notify_entry(fs, nl->items[i].parent, nl->items[i].name);
-                        if (!locked)
-                                last = t;
-                }
-        if (last)
-                kfs_notify_wait(fs, last);
-        for (size_t i = 0; i < nl->n; i++)
-                free(nl->items[i].name);
-        free(nl->items);
-}
-
 static uint64_t low_watermark_bytes(struct kfs *fs)
 {
         return fs->o.max_size / 100 * fs->o.low_watermark + fs->o.max_size % 100 * fs->o.low_watermark / 100;
@@ -346,38 +355,41 @@ static bool try_reserve_locked(struct kfs *fs, uint64_t bytes)
         return true;
 }
 
-int kfs_space_reserve(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir)
+int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
 {
         if (bytes > fs->o.max_size)
                 return -ENOSPC;
         pthread_mutex_lock(&fs->space_lock);
-        bool ok = try_reserve_locked(fs, bytes);
+        bool ok = !fs->evicting && try_reserve_locked(fs, bytes);
         pthread_mutex_unlock(&fs->space_lock);
         if (ok)
                 return 0;
 
+        /* Slow path, one request at a time. While an eviction runs, new reservations wait here instead of
+         * taking the space as it is freed: otherwise the request that pays for the eviction can starve. */
         struct notify_list nl = { 0 };
         int r = 0;
         pthread_mutex_lock(&fs->evict_lock);
         pthread_mutex_lock(&fs->space_lock);
-        ok = try_reserve_locked(fs, bytes); /* another request may have evicted meanwhile */
-        uint64_t reserved = fs->reserved;
+        ok = try_reserve_locked(fs, bytes); /* an eviction before ours may have made room */
+        uint64_t used = kidx_used(fs->idx), reserved = fs->reserved;
+        fs->evicting = !ok;
         pthread_mutex_unlock(&fs->space_lock);
         if (!ok) {
-                uint64_t used = kidx_used(fs->idx), room = fs->o.max_size - (reserved + bytes < fs->o.max_size
-                                                                                 ? reserved + bytes : fs->o.max_size);
+                uint64_t busy = reserved + bytes < fs->o.max_size ? reserved + bytes : fs->o.max_size;
+                uint64_t room = fs->o.max_size - busy; /* what used may be once this request is in */
                 uint64_t target = low_watermark_bytes(fs) < room ? low_watermark_bytes(fs) : room;
-                uint64_t must = used > room ? used - room : 0;
-                int64_t freed = evict_locked(fs, target, must, &nl);
+                int64_t freed = evict_locked(fs, target, used > room ? used - room : 0, &nl);
                 if (freed < 0)
                         r = (int)freed;
                 pthread_mutex_lock(&fs->space_lock);
                 if (r == 0 && !try_reserve_locked(fs, bytes))
                         r = -ENOSPC;
+                fs->evicting = false;
                 pthread_mutex_unlock(&fs->space_lock);
         }
         pthread_mutex_unlock(&fs->evict_lock);
-        notify_all(fs, &nl, locked_dir);
+        notify_all(fs, &nl);
         return r;
 }
 
@@ -388,21 +400,21 @@ void kfs_space_release(struct kfs *fs, uint64_t bytes)
         pthread_mutex_unlock(&fs->space_lock);
 }
 
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target, fuse_ino_t locked_dir)
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target)
 {
         struct notify_list nl = { 0 };
         pthread_mutex_lock(&fs->evict_lock);
         int64_t r = evict_locked(fs, target, 0, &nl);
         pthread_mutex_unlock(&fs->evict_lock);
-        notify_all(fs, &nl, locked_dir);
+        notify_all(fs, &nl);
         return r;
 }
 
-int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir)
+int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)
 {
         /* The backing filesystem is full before our limit: free this request plus the watermark's margin. */
         uint64_t used = kidx_used(fs->idx), margin = fs->o.max_size - low_watermark_bytes(fs);
         uint64_t want = bytes > margin ? bytes : margin;
-        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0, locked_dir);
+        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0);
         return r < 0 ? (int)r : 0;
 }

@@ -9,11 +9,11 @@
  *   ops-io.c    create, open, read, write, fallocate, flush, fsync, release
  *   ops-xattr.c extended attributes
  *   evict.c     space reservation and eviction (the design essay is there)
- *   notify.c    telling the kernel about names that eviction removed
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
- * index's own locks. No lock of ours is held while a reply is sent or while the kernel is notified. */
+ * index's own locks. No lock of ours is held while a reply is sent or while the kernel is notified, and
+ * the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE KERNEL). */
 #pragma once
 
 #define FUSE_USE_VERSION 314
@@ -54,13 +54,15 @@ struct kfs_opts {
 };
 
 struct kfs_inode {
-        int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode; immutable */
+        int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode; the number never changes,
+                                     but eviction points it at fs->dead_fd's file (dup3) */
         uint64_t bino;            /* backing st_ino: the table key and the index key; immutable */
         mode_t type;              /* S_IFMT bits; immutable */
         uint64_t nlookup;         /* kernel references; fs->itable_lock */
         uint32_t readers;         /* open read-only handles; fs->itable_lock */
         uint32_t writers;         /* open handles that may write; fs->itable_lock */
-        bool evicted;             /* eviction removed it: opens fail with ENOENT; fs->itable_lock */
+        _Atomic bool evicted;     /* eviction removed it: path-based requests get ESTALE (evict.c);
+                                     set under fs->itable_lock */
         bool unlinked;            /* no name left: not accounted any more; lock */
         pthread_mutex_t lock;
         uint64_t alloc;           /* allocated bytes, as the index holds them; lock */
@@ -70,11 +72,10 @@ struct kfs_inode {
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
 };
 
-struct kfs_notifier;
-
 struct kfs {
         struct kfs_opts o;
         int root_fd;              /* O_RDONLY|O_DIRECTORY on the backing root */
+        int dead_fd;              /* an anonymous memfd that evicted inodes' fds are pointed at */
         dev_t dev;                /* backing root's st_dev */
         uid_t owner;              /* who mounted: may run kcache actions */
         struct kfs_inode root;
@@ -86,9 +87,8 @@ struct kfs {
 
         pthread_mutex_t space_lock;
         uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
+        bool evicting;            /* an eviction runs: reservations wait for it; space_lock */
         pthread_mutex_t evict_lock; /* one eviction at a time */
-
-        struct kfs_notifier *notifier;
 };
 
 static inline struct kfs *kfs_of(fuse_req_t req)
@@ -100,6 +100,12 @@ static inline struct kfs *kfs_of(fuse_req_t req)
 static inline bool kfs_hidden(const struct kfs *fs, const struct kfs_inode *parent, const char *name)
 {
         return parent == &fs->root && name[0] == '.' && __builtin_strcmp(name, KFS_META_DIR) == 0;
+}
+
+/* The inode was evicted: requests that reach it through a name must answer ESTALE (evict.c). */
+static inline bool kfs_stale(struct kfs_inode *in)
+{
+        return atomic_load(&in->evicted);
 }
 
 int64_t kfs_now_ns(void);
@@ -130,22 +136,13 @@ void kfs_proc_path(char *buf, size_t size, int fd);
 void kfs_inode_table_free(struct kfs *fs);
 
 /* evict.c */
-/* Promises bytes of new allocation; evicts first if the limit would be crossed. -ENOSPC if it cannot.
- * locked_dir: the fuse inode of a directory the kernel holds locked for this request, or 0. */
-int kfs_space_reserve(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir);
+/* Promises bytes of new allocation; evicts first if the limit would be crossed. -ENOSPC if it cannot. */
+int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
 void kfs_space_release(struct kfs *fs, uint64_t bytes);
 /* Evicts least recently used files until used <= target. Returns bytes freed or -errno. */
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target, fuse_ino_t locked_dir);
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
-int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes, fuse_ino_t locked_dir);
-
-/* notify.c */
-int kfs_notifier_start(struct kfs *fs);
-void kfs_notifier_stop(struct kfs *fs);
-/* Queues "name in parent is gone" for the kernel. Returns a ticket to wait on. */
-uint64_t kfs_notify_entry(struct kfs *fs, fuse_ino_t parent, const char *name);
-/* Waits (bounded) until every ticket up to t has reached the kernel. */
-void kfs_notify_wait(struct kfs *fs, uint64_t t);
+int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 
 extern const struct fuse_lowlevel_ops kfs_ops;
 /* ops-*.c entry points, wired in ops.c */

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
@@ -188,6 +189,7 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("out of memory");
 
         char *given_backing = o->backing;
+        o->backing = NULL;
         r = check_dir("backing directory", given_backing, &o->backing, true);
         free(given_backing);
         if (r)
@@ -324,6 +326,9 @@ static int init_root(struct kfs *fs)
         struct stat st;
         fs->root_fd = open(fs->o.backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         fs->root.fd = open(fs->o.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        fs->dead_fd = memfd_create("kcachefs-evicted", MFD_CLOEXEC);
+        if (fs->dead_fd < 0)
+                return fail("cannot create a memfd: %s", strerror(errno));
         if (fs->root_fd < 0 || fs->root.fd < 0 || fstat(fs->root_fd, &st) < 0)
                 return fail("cannot open the backing directory '%s': %s", fs->o.backing, strerror(errno));
         fs->dev = st.st_dev;
@@ -344,7 +349,7 @@ int main(int argc, char *argv[])
 {
         struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
         struct fuse_cmdline_opts cmd = { 0 };
-        struct kfs fs = { .root_fd = -1, .root.fd = -1 };
+        struct kfs fs = { .root_fd = -1, .root.fd = -1, .dead_fd = -1 };
         int lock_fd = -1, ready_fd = -1, ret = 1;
 
         fs.o.timeout = DEFAULT_TIMEOUT;
@@ -357,7 +362,8 @@ int main(int argc, char *argv[])
                 goto out_args;
         }
         if (fs.o.show_version) {
-                printf("kcachefs version %s\n", KFS_VERSION);
+                printf("kcachefs version %s\nFUSE library version %s\n", KFS_VERSION, fuse_pkgversion());
+                fflush(stdout); /* fuse_lowlevel_version() runs fusermount3, which writes on its own */
                 fuse_lowlevel_version();
                 ret = 0;
                 goto out_args;
@@ -404,8 +410,7 @@ int main(int argc, char *argv[])
                 goto out_session;
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
-        if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0 ||
-            (r = kfs_notifier_start(&fs)) < 0) {
+        if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0) {
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
         }
@@ -425,15 +430,16 @@ int main(int argc, char *argv[])
         } else {
                 struct fuse_loop_config *lc = fuse_loop_cfg_create();
                 fuse_loop_cfg_set_clone_fd(lc, cmd.clone_fd);
-                fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
-                fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
+                if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given */
+                        fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
+                if (cmd.max_threads != UINT_MAX && cmd.max_threads != 0)
+                        fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
                 ret = fuse_session_loop_mt(fs.se, lc);
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
 out_unmount:
         fuse_session_unmount(fs.se);
-        kfs_notifier_stop(&fs);
 out_signals:
         fuse_remove_signal_handlers(fs.se);
 out_session:
@@ -447,6 +453,8 @@ out_fs:
                 close(fs.root_fd);
         if (fs.root.fd >= 0)
                 close(fs.root.fd);
+        if (fs.dead_fd >= 0)
+                close(fs.dead_fd);
         if (lock_fd >= 0)
                 close(lock_fd);
 out_args:

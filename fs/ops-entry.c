@@ -88,6 +88,10 @@ void kfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *
 static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, struct fuse_file_info *fi)
 {
         struct stat st;
+        if (!fi && kfs_stale(in)) {
+                fuse_reply_err(req, ESTALE); /* a stale dentry: the VFS looks the name up again */
+                return;
+        }
         int r = fi && !S_ISDIR(in->type) ? (fstat((int)fi->fh, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
         if (r < 0) {
                 fuse_reply_err(req, -r);
@@ -118,6 +122,10 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         char proc[64];
         int r = 0;
+        if (kfs_stale(in)) {
+                fuse_reply_err(req, ESTALE);
+                return;
+        }
         kfs_proc_path(proc, sizeof(proc), in->fd);
 
         if (valid & FUSE_SET_ATTR_MODE) {
@@ -266,8 +274,8 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino), *dir = kfs_inode_get(fs, newparent);
         char proc[64];
-        if (kfs_hidden(fs, dir, newname)) {
-                fuse_reply_err(req, EPERM);
+        if (kfs_hidden(fs, dir, newname) || kfs_stale(in)) {
+                fuse_reply_err(req, kfs_stale(in) ? ESTALE : EPERM);
                 return;
         }
         kfs_proc_path(proc, sizeof(proc), in->fd);
@@ -529,7 +537,8 @@ void kfs_op_access(fuse_req_t req, fuse_ino_t ino, int mask)
         /* Only sent without default_permissions: check the mode bits for the caller. */
         struct kfs *fs = kfs_of(req);
         struct stat st;
-        int r = kfs_fstat_inode(kfs_inode_get(fs, ino), &st);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        int r = kfs_stale(in) ? -ESTALE : kfs_fstat_inode(in, &st);
         if (r < 0 || mask == F_OK) {
                 fuse_reply_err(req, -r);
                 return;

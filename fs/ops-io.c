@@ -94,9 +94,10 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
         pthread_mutex_lock(&fs->itable_lock);
         if (in->evicted) {
-                /* Evicted after the kernel looked it up; the kernel's dentry is being invalidated. */
+                /* Evicted after the kernel looked it up: ESTALE makes the VFS look the name up again,
+                 * which finds it gone (ENOENT, or a new file for O_CREAT). */
                 pthread_mutex_unlock(&fs->itable_lock);
-                fuse_reply_err(req, ENOENT);
+                fuse_reply_err(req, ESTALE);
                 return;
         }
         if (writer)
@@ -225,13 +226,13 @@ static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct 
                              bool retry_ok)
 {
         if (est) {
-                int r = kfs_space_reserve(fs, est, 0);
+                int r = kfs_space_reserve(fs, est);
                 if (r < 0)
                         return r;
         }
         ssize_t res = run_op(op);
         if (res == -ENOSPC && retry_ok) {
-                kfs_evict_for_enospc(fs, est ? est : (uint64_t)op->len, 0);
+                kfs_evict_for_enospc(fs, est ? est : (uint64_t)op->len);
                 res = run_op(op);
         }
         if (est || res < 0) {

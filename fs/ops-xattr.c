@@ -12,6 +12,8 @@ static int xattr_path(fuse_req_t req, fuse_ino_t ino, char *buf, size_t size)
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
+        if (kfs_stale(in))
+                return -ESTALE;
         if (S_ISLNK(in->type))
                 return -ENOTSUP;
         kfs_proc_path(buf, size, in->fd);

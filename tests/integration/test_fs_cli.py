@@ -1,0 +1,151 @@
+"""The command line: --help, --version, and bad input that must fail with one clear line, changing nothing."""
+import os
+import subprocess
+
+import pytest
+
+from conftest import Mount, kcachefs_bin, mount_tmpfs
+
+
+def run(*args):
+    return subprocess.run([kcachefs_bin(), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_help_lists_our_options_and_fuse_options():
+    p = run("--help")
+    assert p.returncode == 0
+    for word in ("max_size=", "low_watermark=", "pin=", "index=", "protect=", "allow_other", "-f"):
+        assert word in p.stdout + p.stderr
+
+
+def test_version():
+    p = run("--version")
+    assert p.returncode == 0
+    assert "kcachefs version" in p.stdout
+    assert "FUSE library version" in p.stdout + p.stderr
+
+
+def one_error_line(p, *needles):
+    assert p.returncode != 0
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, p.stderr
+    assert lines[0].startswith("kcachefs: "), p.stderr
+    for n in needles:
+        assert n in lines[0], p.stderr
+
+
+@pytest.fixture
+def dirs(workdir):
+    d, cleanup = workdir
+    b, m = os.path.join(d, "b"), os.path.join(d, "m")
+    os.makedirs(b)
+    os.makedirs(m)
+    return d, b, m
+
+
+def untouched(b):
+    assert os.listdir(b) == []
+
+
+def test_missing_operands(dirs):
+    d, b, m = dirs
+    one_error_line(run(b), "MOUNTPOINT")
+
+
+def test_missing_backing(dirs):
+    d, b, m = dirs
+    one_error_line(run(os.path.join(d, "nope"), m), "does not exist")
+
+
+def test_backing_not_a_directory(dirs):
+    d, b, m = dirs
+    f = os.path.join(d, "file")
+    open(f, "w").close()
+    one_error_line(run(f, m), "not a directory")
+
+
+def test_unwritable_backing(dirs, workdir):
+    d, b, m = dirs
+    ro = os.path.join(d, "ro")
+    mount_tmpfs(ro, "1m", "ro")
+    workdir[1].insert(0, ro)
+    one_error_line(run(ro, m), "not writable")
+
+
+@pytest.mark.parametrize("size,word", [("0", "more than zero"), ("12Q", "expected a number"), ("abc", "expected a number"),
+                                        ("", "expected a number"), ("99999999999999999999", "too large"),
+                                        ("99999999999T", "too large")])
+def test_bad_sizes(dirs, size, word):
+    d, b, m = dirs
+    one_error_line(run("-o", f"max_size={size}", b, m), "max_size", word)
+    untouched(b)
+
+
+@pytest.mark.parametrize("opt,word", [("low_watermark=0", "low_watermark"), ("low_watermark=101", "low_watermark"),
+                                       ("low_watermark=x", "low_watermark"), ("protect=some", "protect")])
+def test_bad_options(dirs, opt, word):
+    d, b, m = dirs
+    one_error_line(run("-o", opt, b, m), word)
+    untouched(b)
+
+
+def test_mountpoint_inside_backing(dirs):
+    d, b, m = dirs
+    inner = os.path.join(b, "inner")
+    os.makedirs(inner)
+    one_error_line(run(b, inner), "inside the backing directory")
+    assert os.listdir(b) == ["inner"]
+
+
+def test_backing_inside_mountpoint(dirs):
+    d, b, m = dirs
+    inner = os.path.join(m, "inner")
+    os.makedirs(inner)
+    one_error_line(run(inner, m), "inside the mount point")
+    one_error_line(run(b, b), "inside")
+
+
+def test_index_inside_backing_refused(dirs):
+    d, b, m = dirs
+    one_error_line(run("-o", f"index={b}/idx.db", b, m), "inside the backing directory")
+    untouched(b)
+
+
+def test_index_in_missing_directory(dirs):
+    d, b, m = dirs
+    one_error_line(run("-o", f"index={d}/none/idx.db", b, m), "does not exist")
+    untouched(b)
+
+
+def test_index_in_use_by_another_daemon(kfs, workdir):
+    first = kfs()
+    d, cleanup = workdir
+    other = os.path.join(d, "other-mnt")
+    os.makedirs(other)
+    second = Mount(first.backing, other)
+    p = second.start(check=False)
+    one_error_line(p, "in use by another kcachefs", f"pid {first.pid()}")
+    assert not os.path.ismount(other)
+    # The first one still serves.
+    with open(first.path("still"), "w") as f:
+        f.write("ok")
+    assert open(first.path("still")).read() == "ok"
+
+
+def test_index_elsewhere_and_on_read_only_place(kfs, workdir):
+    d, cleanup = workdir
+    idxdir = os.path.join(d, "idx")
+    os.makedirs(idxdir)
+    m = kfs(index=os.path.join(idxdir, "cache.db"))
+    with open(m.path("x"), "w") as f:
+        f.write("x" * 5000)
+    m.stop()
+    assert os.path.exists(os.path.join(idxdir, "cache.db"))
+    assert not os.path.exists(os.path.join(m.backing, ".kcachefs"))
+    assert m.index_rows() == {"x": 8192} or m.index_rows() == {"x": 4096 * 2}
+
+    ro = os.path.join(d, "roidx")
+    mount_tmpfs(ro, "1m", "ro")
+    cleanup.insert(0, ro)
+    bad = Mount(m.backing, m.mnt, index=os.path.join(ro, "i.db"))
+    one_error_line(bad.start(check=False), "not writable")

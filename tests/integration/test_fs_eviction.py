@@ -1,0 +1,225 @@
+"""Exact LRU eviction, exact atimes and accounting, ENOSPC only when nothing can go, concurrent writers."""
+import errno
+import multiprocessing as mp
+import os
+import random
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import backing_files, wait_for
+
+K = 1024
+
+
+def make_files(m, n, size, prefix="f"):
+    for i in range(n):
+        with open(m.path(f"{prefix}{i}"), "wb") as f:
+            f.write(bytes([i % 251]) * size)
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_evicts_exactly_the_least_recently_used(kfs):
+    # 10 files of 64 KiB, then read in a scripted order; a 512 KiB write needs room. With the low
+    # watermark at 30% of 1 MiB, eviction must go down to 307.2 KiB: six victims, the first six read.
+    m = kfs({"max_size": "1M", "low_watermark": "30"})
+    make_files(m, 10, 64 * K)
+    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
+    for i in order:
+        read_file(m.path(f"f{i}"))
+    with open(m.path("big"), "wb") as f:
+        f.write(b"B" * 512 * K)
+    gone = {i for i in range(10) if not os.path.exists(m.path(f"f{i}"))}
+    assert gone == set(order[:6])
+    # The kernel was told: no stale dentry, and the backing files are really gone.
+    for i in order[:6]:
+        with pytest.raises(FileNotFoundError):
+            os.stat(m.path(f"f{i}"))
+        assert not os.path.exists(os.path.join(m.backing, f"f{i}"))
+    for i in order[6:]:
+        assert read_file(m.path(f"f{i}")) == bytes([i]) * 64 * K
+    assert m.used() == 4 * 64 * K + 512 * K
+
+
+def test_atimes_follow_the_access_order_on_noatime(kfs):
+    m = kfs()
+    with open("/proc/mounts") as f:
+        assert any(m.backing in l and "noatime" in l for l in f), "backing must be noatime for this test"
+    make_files(m, 8, 4 * K)
+    order = list(range(8))
+    random.Random(7).shuffle(order)
+    for i in order:
+        read_file(m.path(f"f{i}"))
+    atimes = [os.stat(m.path(f"f{i}")).st_atime_ns for i in order]
+    assert atimes == sorted(atimes) and len(set(atimes)) == len(atimes)
+    # An open without a read is an access too, and ls -lu / find see it.
+    first = order[0]
+    os.close(os.open(m.path(f"f{first}"), os.O_RDONLY))
+    assert os.stat(m.path(f"f{first}")).st_atime_ns > atimes[-1]
+    newest = subprocess.run(["ls", "-1tu", m.mnt], capture_output=True, text=True, check=True).stdout.split()[0]
+    assert newest == f"f{first}"
+    # The backing filesystem's own atime did not move (noatime): the answer came from the log.
+    assert os.stat(os.path.join(m.backing, f"f{first}")).st_atime_ns < atimes[-1]
+
+
+def test_du_and_df_agree_with_the_index(kfs):
+    m = kfs({"max_size": "8M"})
+    os.makedirs(m.path("a", "b"))
+    sizes = [1, 100, 4096, 4097, 65536, 300000]
+    for i, s in enumerate(sizes):
+        with open(m.path("a", "b", f"x{i}"), "wb") as f:
+            f.write(b"z" * s)
+    os.symlink("x0", m.path("a", "link"))
+    expected = sum(v for v in backing_files(m.backing).values())
+    du = int(subprocess.run(["du", "-sB1", m.mnt], capture_output=True, text=True, check=True).stdout.split()[0])
+    assert du == expected
+    assert m.used() == expected
+    df = subprocess.run(["df", "-B1", "--output=size,used", m.mnt], capture_output=True, text=True, check=True)
+    size, used = map(int, df.stdout.splitlines()[1].split())
+    assert (size, used) == (8 << 20, expected)
+    m.stop()
+    assert sum(m.index_rows().values()) == expected
+    assert set(m.index_rows()) == set(backing_files(m.backing))
+
+
+def test_enospc_only_when_nothing_is_evictable(kfs):
+    m = kfs({"max_size": "1M", "pin": "*.keep"})
+    held = []
+    for i in range(3):
+        f = open(m.path(f"open{i}"), "wb+")
+        f.write(b"o" * 256 * K)
+        f.flush()
+        held.append(f)
+    with open(m.path("pinned.keep"), "wb") as f:
+        f.write(b"p" * 128 * K)
+    # 896 KiB in use, all of it open or pinned: a 256 KiB write cannot be served.
+    with pytest.raises(OSError) as e:
+        with open(m.path("new"), "wb") as f:
+            f.write(b"n" * 256 * K)
+    assert e.value.errno == errno.ENOSPC
+    for i in range(3):
+        assert os.path.exists(m.path(f"open{i}"))
+    assert os.path.exists(m.path("pinned.keep"))
+    # Once one file is closed, it can go and the write succeeds.
+    held[0].close()
+    with open(m.path("new2"), "wb") as f:
+        f.write(b"n" * 256 * K)
+    assert not os.path.exists(m.path("open0"))
+    assert os.path.exists(m.path("pinned.keep"))
+    for f in held[1:]:
+        f.close()
+    # A write larger than the whole cache fails and evicts nothing.
+    before = set(os.listdir(m.mnt))
+    with pytest.raises(OSError) as e:
+        with open(m.path("huge"), "wb") as f:
+            f.write(b"h" * 2 * 1024 * K)
+    assert e.value.errno == errno.ENOSPC
+    assert set(os.listdir(m.mnt)) - {"huge", "new"} == before - {"new"}
+
+
+def _writer(mnt, wid, stop_at, q):
+    rnd = random.Random(wid)
+    n = 0
+    errors = []
+    while time.monotonic() < stop_at:
+        size = rnd.choice([16, 64, 200, 333]) * K
+        name = os.path.join(mnt, f"w{wid}-{n}")
+        try:
+            with open(name + ".tmp", "wb") as f:
+                for off in range(0, size, 32 * K):
+                    f.write(b"w" * min(32 * K, size - off))
+            os.rename(name + ".tmp", name)
+        except OSError as e:
+            errors.append(e.errno)
+        n += 1
+    q.put((n, errors))
+
+
+def test_concurrent_writers_never_exceed_the_limit(kfs):
+    # Six writers hold at most 6 x 333 KiB open (protected) at once, so with 4 MiB an evictable file
+    # always exists and no write may fail; used bytes must stay under the limit at every sample.
+    limit = 4 << 20
+    m = kfs({"max_size": str(limit)})
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    stop_at = time.monotonic() + 4
+    procs = [ctx.Process(target=_writer, args=(m.mnt, i, stop_at, q)) for i in range(6)]
+    for p in procs:
+        p.start()
+    samples, peak = 0, 0
+    while any(p.is_alive() for p in procs):
+        used = m.used()
+        peak = max(peak, used)
+        samples += 1
+        assert used <= limit, f"used {used} > limit {limit}"
+    for p in procs:
+        p.join()
+    results = [q.get() for _ in procs]
+    assert sum(n for n, _ in results) > 50
+    assert all(not errs for _, errs in results), results  # evictable files always existed
+    assert samples > 100 and peak > limit // 2
+    du = int(subprocess.run(["du", "-sB1", m.mnt], capture_output=True, text=True, check=True).stdout.split()[0])
+    assert du == m.used() <= limit
+
+
+def _crash_writer(mnt, wid, q):
+    """Publishes files by temp + rename; each carries its own length and a checksum of its body."""
+    import hashlib
+    rnd = random.Random(wid)
+    n = 0
+    published = []
+    try:
+        while True:
+            body = rnd.randbytes(rnd.choice([1, 20, 70, 150]) * K)
+            blob = hashlib.sha256(body).digest() + body
+            name = os.path.join(mnt, f"d{wid % 3}", f"c{wid}-{n}")
+            with open(name + ".tmp", "wb") as f:
+                f.write(blob)
+            os.rename(name + ".tmp", name)
+            published.append(name)
+            n += 1
+    except OSError:
+        pass  # the daemon died under us
+    q.put(n)
+
+
+def check_tree_intact(m):
+    import hashlib
+    for rel in backing_files(m.backing):
+        if rel.endswith(".tmp"):
+            continue  # in-flight temp files may be torn: that is what temp + rename is for
+        blob = read_file(m.path(rel))
+        assert hashlib.sha256(blob[32:]).digest() == blob[:32], f"{rel} is torn"
+
+
+def test_sigkill_during_writes_then_remount_is_consistent(kfs):
+    m = kfs({"max_size": "3M"})
+    for d in range(3):
+        os.makedirs(m.path(f"d{d}"))
+    ctx = mp.get_context("fork")
+    for round_ in range(3):
+        q = ctx.Queue()
+        procs = [ctx.Process(target=_crash_writer, args=(m.mnt, i + 10 * round_, q)) for i in range(4)]
+        for p in procs:
+            p.start()
+        time.sleep(0.6 + 0.3 * round_)  # let them write and evict for a while
+        m.kill()
+        for p in procs:
+            p.join(30)
+        assert not any(p.is_alive() for p in procs)
+        p = m.start()
+        assert "did not stop cleanly" in p.stderr, p.stderr
+        check_tree_intact(m)
+        assert m.used() == sum(backing_files(m.backing).values())
+        assert m.used() <= 3 << 20
+        m.stop()
+        rows = m.index_rows()
+        assert rows == backing_files(m.backing)
+        m.start()
+        assert "rebuilt" not in m.stderr  # a clean stop needs no rescan

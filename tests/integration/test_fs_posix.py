@@ -1,0 +1,254 @@
+"""The generic POSIX behaviour every runtime in runtimes.md relies on, through a real mount."""
+import ctypes
+import errno
+import fcntl
+import mmap
+import multiprocessing as mp
+import os
+import pwd
+import shutil
+import stat
+import subprocess
+import time
+
+import pytest
+
+from conftest import wait_for
+
+
+def write(path, data, mode="wb"):
+    with open(path, mode) as f:
+        f.write(data)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _excl_worker(path, barrier, q):
+    barrier.wait()
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o200)
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        q.put("won")
+    except FileExistsError:
+        q.put("lost")
+
+
+def test_o_excl_race_has_exactly_one_winner(kfs):
+    m = kfs()
+    ctx = mp.get_context("fork")
+    for round_ in range(20):
+        path = m.path(f"lock{round_}.lock")
+        barrier, q = ctx.Barrier(8), ctx.Queue()
+        procs = [ctx.Process(target=_excl_worker, args=(path, barrier, q)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(30)
+        results = sorted(q.get() for _ in procs)
+        assert results.count("won") == 1, results
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o200  # SYCL's odd lock mode
+
+
+def test_rename_over_open_file_reader_keeps_old_bytes(kfs):
+    m = kfs()
+    os.makedirs(m.path("a"))
+    os.makedirs(m.path("b"))
+    write(m.path("b", "target"), b"old" * 1000)
+    reader = open(m.path("b", "target"), "rb")
+    write(m.path("a", "tmp.123"), b"new" * 1000)
+    os.rename(m.path("a", "tmp.123"), m.path("b", "target"))  # across directories, over a file
+    assert reader.read() == b"old" * 1000
+    reader.close()
+    assert read(m.path("b", "target")) == b"new" * 1000
+    assert not os.path.exists(m.path("a", "tmp.123"))
+
+
+def test_rename_noreplace_and_exchange(kfs):
+    m = kfs()
+    write(m.path("x"), b"x")
+    write(m.path("y"), b"y")
+    libc = ctypes.CDLL(None, use_errno=True)
+    AT_FDCWD, NOREPLACE, EXCHANGE = -100, 1, 2
+    r = libc.renameat2(AT_FDCWD, m.path("x").encode(), AT_FDCWD, m.path("y").encode(), NOREPLACE)
+    assert r == -1 and ctypes.get_errno() == errno.EEXIST
+    r = libc.renameat2(AT_FDCWD, m.path("x").encode(), AT_FDCWD, m.path("y").encode(), EXCHANGE)
+    assert r == 0
+    assert read(m.path("x")) == b"y" and read(m.path("y")) == b"x"
+
+
+def test_unlink_while_open_and_while_mmapped(kfs):
+    m = kfs()
+    data = os.urandom(200000)
+    write(m.path("f"), data)
+    f = open(m.path("f"), "rb")
+    g = open(m.path("f"), "rb")
+    mm = mmap.mmap(g.fileno(), 0, prot=mmap.PROT_READ)
+    g.close()
+    os.unlink(m.path("f"))
+    assert not os.path.exists(m.path("f"))
+    assert f.read() == data
+    assert mm[:] == data
+    assert os.fstat(f.fileno()).st_nlink == 0
+    mm.close()
+    f.close()
+
+
+def test_mmap_shared_write(kfs):
+    m = kfs()
+    write(m.path("f"), b"\0" * 8192)
+    with open(m.path("f"), "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 8192)
+        mm[100:105] = b"hello"
+        mm.flush()
+        mm.close()
+    assert read(m.path("f"))[100:105] == b"hello"
+    assert read(os.path.join(m.backing, "f"))[100:105] == b"hello"
+
+
+def test_dlopen_from_the_mount(kfs, tmp_path):
+    m = kfs()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    src = tmp_path / "k.c"
+    src.write_text("int kernel_answer(void) { return 42; }\n")
+    so = m.path("cache", "k.so")
+    os.makedirs(m.path("cache"))
+    tmp = so + ".tmp"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", tmp, str(src)], check=True)
+    os.rename(tmp, so)
+    # In a child process, so that the mapping ends with it and the mount can be unmounted.
+    code = f"import ctypes; print(ctypes.CDLL({so!r}).kernel_answer())"
+    out = subprocess.run(["python3", "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "42"  # exec mmap from the mount
+
+
+def _flock_holder(path, locked, release):
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    locked.set()
+    release.wait(30)
+    os.close(fd)
+
+
+def test_flock_excludes_between_processes(kfs):
+    m = kfs()
+    write(m.path("config.file"), b"\0" * 8)
+    ctx = mp.get_context("fork")
+    locked, release = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_flock_holder, args=(m.path("config.file"), locked, release))
+    p.start()
+    assert locked.wait(10)
+    fd = os.open(m.path("config.file"), os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    release.set()
+    p.join(10)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # now free
+    # POSIX record locks work too.
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 4, 0)
+    os.close(fd)
+
+
+def test_fsync_and_fdatasync(kfs):
+    m = kfs()
+    fd = os.open(m.path("f"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    os.write(fd, b"data")
+    os.fdatasync(fd)
+    os.fsync(fd)
+    os.close(fd)
+    dfd = os.open(m.mnt, os.O_RDONLY | os.O_DIRECTORY)
+    os.fsync(dfd)
+    os.close(dfd)
+
+
+def test_attributes_links_and_readdir(kfs):
+    m = kfs()
+    os.makedirs(m.path("d", "e"))
+    write(m.path("d", "f"), b"12345")
+    os.symlink("f", m.path("d", "s"))
+    os.link(m.path("d", "f"), m.path("d", "e", "hard"))
+    assert os.readlink(m.path("d", "s")) == "f"
+    assert read(m.path("d", "s")) == b"12345"
+    assert os.stat(m.path("d", "f")).st_nlink == 2
+    os.chmod(m.path("d", "f"), 0o640)
+    assert stat.S_IMODE(os.stat(m.path("d", "e", "hard")).st_mode) == 0o640
+    os.chown(m.path("d", "f"), 1234, 5678)
+    st = os.stat(m.path("d", "f"))
+    assert (st.st_uid, st.st_gid) == (1234, 5678)
+    os.truncate(m.path("d", "f"), 2)
+    assert read(m.path("d", "f")) == b"12"
+    os.utime(m.path("d", "f"), ns=(1_000_000_123, 2_000_000_456))
+    st = os.stat(m.path("d", "f"))
+    assert st.st_mtime_ns == 2_000_000_456 and st.st_atime_ns == 1_000_000_123
+    types = {e.name: (e.is_dir(follow_symlinks=False), e.is_symlink(), e.is_file(follow_symlinks=False))
+             for e in os.scandir(m.path("d"))}
+    assert types == {"e": (True, False, False), "s": (False, True, False), "f": (False, False, True)}
+    # The metadata directory never shows.
+    assert ".kcachefs" not in os.listdir(m.mnt)
+    assert not os.path.exists(m.path(".kcachefs"))
+    with pytest.raises(OSError):
+        os.mkdir(m.path(".kcachefs"))
+    os.unlink(m.path("d", "e", "hard"))
+    assert os.stat(m.path("d", "f")).st_nlink == 1
+    with pytest.raises(OSError) as e:
+        os.rmdir(m.path("d"))
+    assert e.value.errno == errno.ENOTEMPTY
+    long = "n" * 255
+    write(m.path(long), b"long name")
+    assert read(m.path(long)) == b"long name"
+    with pytest.raises(OSError) as e:
+        write(m.path("n" * 256), b"")
+    assert e.value.errno == errno.ENAMETOOLONG
+
+
+def test_xattrs(kfs):
+    m = kfs()
+    write(m.path("f"), b"x")
+    os.setxattr(m.path("f"), "user.kind", b"kernel")
+    assert os.getxattr(m.path("f"), "user.kind") == b"kernel"
+    assert "user.kind" in os.listxattr(m.path("f"))
+    os.removexattr(m.path("f"), "user.kind")
+    assert "user.kind" not in os.listxattr(m.path("f"))
+
+
+def test_fallocate(kfs):
+    m = kfs()
+    fd = os.open(m.path("f"), os.O_CREAT | os.O_RDWR, 0o644)
+    os.posix_fallocate(fd, 0, 1 << 20)
+    assert os.fstat(fd).st_size == 1 << 20
+    os.close(fd)
+    assert os.stat(m.path("f")).st_blocks * 512 >= 1 << 20
+
+
+def test_statfs_shows_the_limit(kfs):
+    m = kfs({"max_size": "64M"})
+    s = os.statvfs(m.mnt)
+    assert s.f_blocks * s.f_frsize == 64 << 20
+    assert s.f_namemax == 255
+
+
+def _ensure_user(name):
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        return pwd.getpwnam(name)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_allow_other_files_belong_to_their_creator(kfs):
+    m = kfs({"allow_other": True, "default_permissions": True})
+    os.chmod(m.mnt, 0o1777)
+    u = _ensure_user("kcfs-user1")
+    subprocess.run(["runuser", "-u", u.pw_name, "--", "sh", "-c",
+                    f"echo hi > {m.path('mine')} && mkdir {m.path('mydir')} && ln -s x {m.path('mylink')}"],
+                   check=True)
+    for n in ("mine", "mydir", "mylink"):
+        st = os.lstat(m.path(n))
+        assert st.st_uid == u.pw_uid, n
+        assert os.lstat(os.path.join(m.backing, n)).st_uid == u.pw_uid
