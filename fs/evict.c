@@ -49,8 +49,8 @@
  * daemon is killed at that moment, the notifying thread can never finish, keeps /dev/fuse open, and the
  * mount hangs until someone aborts the connection (we hit exactly this in the SIGKILL test). Instead we
  * send only notifications that take no lock: fuse_lowlevel_notify_inval_inode() with offset -1 on the
- * victim and on its parent (attributes only). The parent's new mtime then invalidates its cached listing
- * at the next readdir. A stale dentry of the victim leads to its inode, which is marked evicted: getattr,
+ * victim (attributes only) and on its parent (attributes and pages, where the kernel keeps the cached
+ * listing). A stale dentry of the victim leads to its inode, which is marked evicted: getattr,
  * setattr and open answer ESTALE, on which the VFS repeats the lookup with LOOKUP_REVAL and finds the name
  * gone (stat: ENOENT; open with O_CREAT: a new file). Open handles are unaffected. Since the kernel may
  * keep such an inode cached for long, its O_PATH fd is re-pointed at an anonymous placeholder so that the
@@ -228,9 +228,10 @@ static int choose(struct kfs *fs, uint64_t goal, struct victims *vs)
         return 0;
 }
 
-/* FUSE inodes whose cached attributes must be dropped once our locks are released. */
+/* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
+ * are released. */
 struct notify_list {
-        fuse_ino_t *inos;
+        struct { fuse_ino_t ino; bool dir; } *items;
         size_t n;
 };
 
@@ -239,20 +240,22 @@ static void note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode 
 {
         if (!in)
                 return;
-        fuse_ino_t *n = realloc(nl->inos, (nl->n + 1) * sizeof(*n));
+        void *n = realloc(nl->items, (nl->n + 1) * sizeof(*nl->items));
         if (!n)
                 return; /* the kernel then trusts its cache until the timeout: stale, never wrong data */
-        nl->inos = n;
-        n[nl->n++] = in == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+        nl->items = n;
+        nl->items[nl->n].ino = in == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
+        nl->items[nl->n++].dir = S_ISDIR(in->type);
 }
 
-/* No lock of ours held. Lock-free in the kernel (attributes only): see TELLING THE KERNEL. */
+/* No lock of ours held. Lock-free in the kernel (attributes, and a directory's cached listing, which
+ * lives in its page cache): see TELLING THE KERNEL. */
 static void notify_all(struct kfs *fs, struct notify_list *nl)
 {
         for (size_t i = 0; i < nl->n; i++)
-                (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->inos[i], -1, 0);
-        free(nl->inos);
-        nl->inos = NULL;
+                (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->items[i].ino, nl->items[i].dir ? 0 : -1, 0);
+        free(nl->items);
+        nl->items = NULL;
         nl->n = 0;
 }
 

@@ -70,6 +70,7 @@ struct kfs_inode {
         struct timespec mtime;    /* st_mtim at the last fstat; lock */
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
+        _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
 };
 
 struct kfs {
@@ -88,6 +89,7 @@ struct kfs {
         pthread_mutex_t space_lock;
         uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
         bool evicting;            /* an eviction runs: reservations wait for it; space_lock */
+        bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         pthread_mutex_t evict_lock; /* one eviction at a time */
 };
 

@@ -47,6 +47,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                 if (r < 0)
                         return r;
                 kfs_fix_attr(in, &e->attr);
+                atomic_store(&in->attr_cached, true);
                 e->ino = (fuse_ino_t)(uintptr_t)in;
                 e->attr_timeout = e->entry_timeout = fs->o.timeout;
                 return 0;
@@ -98,6 +99,7 @@ static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, str
                 return;
         }
         kfs_fix_attr(in, &st);
+        atomic_store(&in->attr_cached, true);
         fuse_reply_attr(req, &st, fs->o.timeout);
 }
 
@@ -392,6 +394,14 @@ struct kfs_dir {
 void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
+        if (fs->no_opendir) {
+                /* ENOSYS means success here (see kfs_op_init): the kernel then opens and releases
+                 * directories itself, keeps their listings cached (every change goes through the mount or
+                 * is invalidated by eviction), and a warm walk costs no request at all. READDIR then comes
+                 * without a handle, and do_readdir() opens the directory for it. */
+                fuse_reply_err(req, ENOSYS);
+                return;
+        }
         struct kfs_dir *d = calloc(1, sizeof(*d));
         int fd = d ? openat(kfs_inode_get(fs, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
         if (fd < 0 || !(d->dp = fdopendir(fd))) {
@@ -403,7 +413,6 @@ void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 return;
         }
         fi->fh = (uint64_t)(uintptr_t)d;
-        /* Every change of a directory goes through the mount or is notified, so its listing is cacheable. */
         fi->cache_readdir = 1;
         fi->keep_cache = 1;
         fuse_reply_open(req, fi);
@@ -413,9 +422,25 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *dir = kfs_inode_get(fs, ino);
-        struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
+        struct kfs_dir tmp = { 0 }, *d = (struct kfs_dir *)(uintptr_t)fi->fh;
+        if (!d) {
+                int fd = openat(dir->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                if (fd < 0 || !(tmp.dp = fdopendir(fd))) {
+                        int e = errno;
+                        if (fd >= 0)
+                                close(fd);
+                        fuse_reply_err(req, e);
+                        return;
+                }
+                tmp.offset = -1; /* forces the seekdir below, unless reading from the start */
+                if (off == 0)
+                        tmp.offset = 0;
+                d = &tmp;
+        }
         char *buf = malloc(size);
         if (!buf) {
+                if (d == &tmp)
+                        closedir(tmp.dp);
                 fuse_reply_err(req, ENOMEM);
                 return;
         }
@@ -481,6 +506,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         else
                 fuse_reply_buf(req, buf, size - rem);
         free(buf);
+        if (d == &tmp)
+                closedir(tmp.dp);
 }
 
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)
@@ -497,17 +524,22 @@ void kfs_op_releasedir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi
 {
         (void)ino;
         struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
-        closedir(d->dp);
-        free(d);
+        if (d) {
+                closedir(d->dp);
+                free(d);
+        }
         fuse_reply_err(req, 0);
 }
 
 void kfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-        (void)ino;
-        struct kfs_dir *d = (struct kfs_dir *)(uintptr_t)fi->fh;
-        int fd = dirfd(d->dp);
-        fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+        (void)fi;
+        struct kfs *fs = kfs_of(req);
+        int fd = openat(kfs_inode_get(fs, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int r = fd < 0 || (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0;
+        if (fd >= 0)
+                close(fd);
+        fuse_reply_err(req, r);
 }
 
 void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino)

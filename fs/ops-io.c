@@ -80,8 +80,10 @@ static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_
         kidx_touch(fs->idx, in->bino, now, 1, 0);
         atomic_store(&in->atime_ns, now);
         (void)req;
-        /* Attributes only (offset -1): takes no inode lock in the kernel, so it is safe from this handler. */
-        fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+        /* Attributes only (offset -1): takes no inode lock in the kernel, so it is safe from this handler.
+         * Skipped when the kernel holds no attributes of ours since the last invalidation: it will ask. */
+        if (atomic_exchange(&in->attr_cached, false))
+                fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
 }
 
 void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

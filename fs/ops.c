@@ -3,7 +3,8 @@
 
 void kfs_op_init(void *ud, struct fuse_conn_info *conn)
 {
-        (void)ud;
+        struct kfs *fs = ud;
+        fs->no_opendir = conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT;
         /* Splice file data straight from the backing file to /dev/fuse on reads. */
         if (conn->capable & FUSE_CAP_SPLICE_WRITE)
                 conn->want |= FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE;
@@ -16,9 +17,15 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
         /* Locks stay in the kernel: flock and fcntl locks then work between all processes of this node,
          * which is the scope of the cache, and cost no round trip. */
         conn->want &= ~(unsigned)(FUSE_CAP_FLOCK_LOCKS | FUSE_CAP_POSIX_LOCKS);
+        /* Every change goes through this mount, so cached pages and attributes stay right without the
+         * kernel re-checking attributes on every read (a GETATTR per open, since opens invalidate atime).
+         * Opens decide keep_cache themselves; eviction invalidates directory listings explicitly. */
+        conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
         /* Write-through: a write fails with ENOSPC in the syscall that crosses the limit, not at close. */
         conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
         conn->max_write = 1024 * 1024;
+        /* Cold reads of 1 MiB kernels in one request instead of eight. */
+        conn->max_readahead = 1024 * 1024;
 }
 
 void kfs_op_destroy(void *ud)

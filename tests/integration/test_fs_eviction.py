@@ -33,10 +33,12 @@ def test_evicts_exactly_the_least_recently_used(kfs):
     order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
     for i in order:
         read_file(m.path(f"f{i}"))
+    assert len(os.listdir(m.mnt)) == 10  # the kernel now caches this listing
     with open(m.path("big"), "wb") as f:
         f.write(b"B" * 512 * K)
     gone = {i for i in range(10) if not os.path.exists(m.path(f"f{i}"))}
     assert gone == set(order[:6])
+    assert sorted(os.listdir(m.mnt)) == sorted(["big"] + [f"f{i}" for i in order[6:]])
     # The kernel was told: no stale dentry, and the backing files are really gone.
     for i in order[:6]:
         with pytest.raises(FileNotFoundError):

@@ -252,3 +252,18 @@ def test_allow_other_files_belong_to_their_creator(kfs):
         st = os.lstat(m.path(n))
         assert st.st_uid == u.pw_uid, n
         assert os.lstat(os.path.join(m.backing, n)).st_uid == u.pw_uid
+
+
+def test_large_directory_listing_resumes_across_requests(kfs):
+    # 3,000 long names need many READDIR replies; each one resumes at the kernel's offset.
+    m = kfs()
+    os.makedirs(m.path("big"))
+    names = {f"{i:05d}-" + "x" * 120 for i in range(3000)}
+    for n in names:
+        open(m.path("big", n), "wb").close()
+    assert set(os.listdir(m.path("big"))) == names
+    for n in sorted(names)[::2]:
+        os.unlink(m.path("big", n))
+    assert set(os.listdir(m.path("big"))) == set(sorted(names)[1::2])
+    kinds = {e.name: e.is_file() for e in os.scandir(m.path("big"))}
+    assert len(kinds) == 1500 and all(kinds.values())
