@@ -9,6 +9,8 @@
  *   kbench publish DIR TAG N       N new 256 KiB files by temp + write + rename into DIR/pub-TAG/
  *   kbench parread DIR P           P processes each read every file, concurrently
  *   kbench writelat DIR N          N 64 KiB temp+write+rename publications; prints the worst latency
+ *   kbench many DIR N              N files of 1 byte in DIR/dNNNN/ (1,000 per directory), for the index
+ *   kbench bigwrite FILE KIB       one write(2) of KIB KiB into a new FILE; prints its duration
  */
 #include <dirent.h>
 #include <errno.h>
@@ -198,6 +200,33 @@ int main(int argc, char **argv)
                 double worst = 0;
                 publish(dir, "lat", atoi(argv[3]), &worst);
                 printf("%.6f\n", worst);
+                return 0;
+        } else if (!strcmp(op, "many") && argc == 4) {
+                long n = atol(argv[3]);
+                char p[4096];
+                mkdir(dir, 0755);
+                for (long i = 0; i < n; i++) {
+                        if (i % 1000 == 0) {
+                                snprintf(p, sizeof(p), "%s/d%04ld", dir, i / 1000);
+                                mkdir(p, 0755);
+                        }
+                        snprintf(p, sizeof(p), "%s/d%04ld/f%07ld", dir, i / 1000, i);
+                        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                        if (fd < 0 || write(fd, "x", 1) != 1)
+                                die("write", p);
+                        close(fd);
+                }
+        } else if (!strcmp(op, "bigwrite") && argc == 4) {
+                size_t len = (size_t)atol(argv[3]) * 1024;
+                char *b = calloc(1, len);
+                int fd = open(dir, O_WRONLY | O_CREAT | O_EXCL, 0644);
+                if (fd < 0)
+                        die("open", dir);
+                double t1 = now();
+                if (write(fd, b, len) != (ssize_t)len)
+                        die("write", dir);
+                printf("%.6f\n", now() - t1);
+                close(fd);
                 return 0;
         } else if (!strcmp(op, "parread") && argc == 4) {
                 int p = atoi(argv[3]);

@@ -19,8 +19,14 @@
  *
  * HOW FAR. Starting eviction is costly (flush the index, query it), so once it starts it goes down to the
  * low watermark (default 90% of max_size): a cache that is full stays writable for a while without
- * evicting on every write. If the watermark cannot be reached, eviction still frees what it can, as long as
- * that makes the request fit.
+ * evicting on every write. The request that crossed the limit first frees what it needs itself, then
+ * takes its reservation, then goes on to the watermark (it returns when the watermark is reached). If the
+ * watermark cannot be reached, eviction still frees what it can.
+ *
+ * COST. Victims are read from the index in LRU order with a cursor, so a long eviction never re-reads
+ * what it has passed. Beyond what the crossing request needs, eviction works in batches of BATCH_VICTIMS
+ * and releases evict_lock between batches: another writer that needs room waits for one batch at most,
+ * and writers that have room do not wait at all.
  *
  * WHAT GOES FIRST. The unit of eviction is a file (runtime-aware units, such as a whole PoCL program
  * directory, replace struct victim's single file later; the rest of this file does not change). Victims
@@ -76,7 +82,8 @@
 
 #include "kfs.h"
 
-#define LRU_BATCH 256
+#define LRU_BATCH 256     /* index rows read per query */
+#define BATCH_VICTIMS 64  /* victims removed per hold of evict_lock (COST) */
 
 struct name {
         uint64_t dir;
@@ -187,16 +194,19 @@ static int load_candidate(struct kfs *fs, struct victim *v)
         return 0;
 }
 
-/* Chooses victims in LRU order until goal bytes are covered or the LRU runs out. */
-static int choose(struct kfs *fs, uint64_t goal, struct victims *vs)
+/* Chooses victims in LRU order, from *cursor on, until goal bytes or max_victims are covered or the LRU
+ * runs out; *cursor advances past what was looked at. */
+static int choose(struct kfs *fs, uint64_t goal, size_t max_victims, uint64_t *cursor, struct victims *vs)
 {
         struct kidx_lru_row rows[LRU_BATCH];
-        uint64_t after = 0;
-        while (vs->bytes < goal) {
+        uint64_t after = *cursor;
+        while (vs->bytes < goal && vs->n < max_victims) {
                 int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);
-                if (n <= 0)
+                if (n <= 0) {
+                        *cursor = after;
                         return n;
-                for (int i = 0; i < n && vs->bytes < goal; i++) {
+                }
+                for (int i = 0; i < n && vs->bytes < goal && vs->n < max_victims; i++) {
                         after = rows[i].seq;
                         pthread_mutex_lock(&fs->itable_lock);
                         bool open = is_open(fs, rows[i].ino);
@@ -225,6 +235,7 @@ static int choose(struct kfs *fs, uint64_t goal, struct victims *vs)
                         vs->bytes += v.bytes;
                 }
         }
+        *cursor = after;
         return 0;
 }
 
@@ -317,21 +328,14 @@ static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *
         return v->bytes;
 }
 
-/* evict_lock held. Frees down to target if it can; fails with -ENOSPC, removing nothing, if it cannot free
- * at least must_free. Returns the bytes freed. */
-static int64_t evict_locked(struct kfs *fs, uint64_t target, uint64_t must_free, struct notify_list *nl)
+/* evict_lock held. Removes the victims that cover goal bytes (at most max_victims), continuing the LRU
+ * walk at *cursor. If they cannot cover must_free, removes nothing and fails with -ENOSPC (ALL OR
+ * NOTHING). Returns the bytes freed. */
+static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
+                           struct notify_list *nl)
 {
-        int r = kidx_flush(fs->idx);
-        if (r < 0)
-                return r;
-        uint64_t used = kidx_used(fs->idx);
-        if (used <= target && must_free == 0)
-                return 0;
-        uint64_t goal = used > target ? used - target : 0;
-        if (goal < must_free)
-                goal = must_free;
         struct victims vs = { 0 };
-        r = choose(fs, goal, &vs);
+        int r = choose(fs, goal > must_free ? goal : must_free, max_victims, cursor, &vs);
         if (r < 0 || vs.bytes < must_free) {
                 free_victims(&vs);
                 return r < 0 ? r : -ENOSPC;
@@ -341,6 +345,26 @@ static int64_t evict_locked(struct kfs *fs, uint64_t target, uint64_t must_free,
                 freed += (int64_t)evict_one(fs, &vs.v[i], nl);
         free_victims(&vs);
         return freed;
+}
+
+/* Evicts down to target in batches of BATCH_VICTIMS, taking evict_lock for one batch at a time so that
+ * no writer waits longer than one batch (COST). Continues the LRU walk at *cursor. */
+static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor)
+{
+        int64_t total = 0;
+        for (;;) {
+                struct notify_list nl = { 0 };
+                pthread_mutex_lock(&fs->evict_lock);
+                uint64_t used = kidx_used(fs->idx);
+                int64_t freed = used > target ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, &nl) : 0;
+                pthread_mutex_unlock(&fs->evict_lock);
+                notify_all(fs, &nl);
+                if (freed < 0)
+                        return total ? total : freed;
+                total += freed;
+                if (freed == 0)
+                        return total; /* reached the target, or nothing more can go */
+        }
 }
 
 static uint64_t low_watermark_bytes(struct kfs *fs)
@@ -368,9 +392,10 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         if (ok)
                 return 0;
 
-        /* Slow path, one request at a time. While an eviction runs, new reservations wait here instead of
-         * taking the space as it is freed: otherwise the request that pays for the eviction can starve. */
+        /* Slow path. First, under evict_lock and with new reservations held back (FAIRNESS), free what this
+         * request needs, all or nothing. */
         struct notify_list nl = { 0 };
+        uint64_t cursor = 0;
         int r = 0;
         pthread_mutex_lock(&fs->evict_lock);
         pthread_mutex_lock(&fs->space_lock);
@@ -378,11 +403,11 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         uint64_t used = kidx_used(fs->idx), reserved = fs->reserved;
         fs->evicting = !ok;
         pthread_mutex_unlock(&fs->space_lock);
+        bool evicted = false;
         if (!ok) {
-                uint64_t busy = reserved + bytes < fs->o.max_size ? reserved + bytes : fs->o.max_size;
-                uint64_t room = fs->o.max_size - busy; /* what used may be once this request is in */
-                uint64_t target = low_watermark_bytes(fs) < room ? low_watermark_bytes(fs) : room;
-                int64_t freed = evict_locked(fs, target, used > room ? used - room : 0, &nl);
+                r = kidx_flush(fs->idx); /* the order must reflect every access up to now */
+                uint64_t must = used + reserved + bytes - fs->o.max_size;
+                int64_t freed = r < 0 ? r : evict_batch(fs, &cursor, must, must, SIZE_MAX, &nl);
                 if (freed < 0)
                         r = (int)freed;
                 pthread_mutex_lock(&fs->space_lock);
@@ -390,9 +415,14 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
                         r = -ENOSPC;
                 fs->evicting = false;
                 pthread_mutex_unlock(&fs->space_lock);
+                evicted = r == 0;
         }
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);
+
+        /* Then, with this request served and other writers free to go, on down to the low watermark. */
+        if (evicted)
+                evict_down_to(fs, low_watermark_bytes(fs), &cursor);
         return r;
 }
 
@@ -405,12 +435,11 @@ void kfs_space_release(struct kfs *fs, uint64_t bytes)
 
 int64_t kfs_evict_to(struct kfs *fs, uint64_t target)
 {
-        struct notify_list nl = { 0 };
-        pthread_mutex_lock(&fs->evict_lock);
-        int64_t r = evict_locked(fs, target, 0, &nl);
-        pthread_mutex_unlock(&fs->evict_lock);
-        notify_all(fs, &nl);
-        return r;
+        int r = kidx_flush(fs->idx);
+        if (r < 0)
+                return r;
+        uint64_t cursor = 0;
+        return evict_down_to(fs, target, &cursor);
 }
 
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
@@ -321,8 +322,20 @@ static void detached_ready(int fd)
         close(fd);
 }
 
+/* One fd per inode the kernel knows (and per evicted inode it has not forgotten yet, see evict.c):
+ * allow as many as the hard limit does. */
+static void raise_fd_limit(void)
+{
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
+}
+
 static int init_root(struct kfs *fs)
 {
+        raise_fd_limit();
         struct stat st;
         fs->root_fd = open(fs->o.backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         fs->root.fd = open(fs->o.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
