@@ -104,6 +104,50 @@ struct victims {
         uint64_t bytes;
 };
 
+/* Directories of the victims of one batch: victims cluster in few directories, so each one's path is
+ * read from the index and opened once per batch, not once per victim. */
+#define DIRCACHE 16
+struct dircache {
+        uint64_t ino[DIRCACHE];
+        char *path[DIRCACHE];  /* relative to the backing root; NULL: unknown to the index */
+        int fd[DIRCACHE];      /* O_PATH, or -1 */
+        int n, next;
+};
+
+static void dircache_free(struct dircache *c)
+{
+        for (int i = 0; i < c->n; i++) {
+                free(c->path[i]);
+                if (c->fd[i] >= 0)
+                        close(c->fd[i]);
+        }
+        c->n = c->next = 0;
+}
+
+/* The slot of directory ino, filled on first use (round-robin replacement). */
+static int dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino)
+{
+        for (int i = 0; i < c->n; i++)
+                if (c->ino[i] == ino)
+                        return i;
+        int i;
+        if (c->n < DIRCACHE) {
+                i = c->n++;
+        } else {
+                i = c->next;
+                c->next = (c->next + 1) % DIRCACHE;
+                free(c->path[i]);
+                if (c->fd[i] >= 0)
+                        close(c->fd[i]);
+        }
+        char dir[4096];
+        c->ino[i] = ino;
+        c->path[i] = kidx_dir_path(fs->idx, ino, dir, sizeof(dir)) == 0 ? strdup(dir) : NULL;
+        c->fd[i] = c->path[i] ? openat(fs->root_fd, dir[0] ? dir : ".", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                              : -1;
+        return i;
+}
+
 struct name_list {
         kidx *idx;
         struct name *names;
@@ -169,7 +213,7 @@ static bool is_open(struct kfs *fs, uint64_t ino)
 }
 
 /* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
-static int load_candidate(struct kfs *fs, struct victim *v)
+static int load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
 {
         struct name_list l = { .idx = fs->idx };
         int r = kidx_names(fs->idx, v->ino, add_name, &l);
@@ -182,8 +226,9 @@ static int load_candidate(struct kfs *fs, struct victim *v)
         v->names = l.names;
         v->nnames = l.n;
         for (size_t i = 0; i < l.n; i++) {
-                char dir[4096], *path = NULL;
-                if (kidx_dir_path(fs->idx, l.names[i].dir, dir, sizeof(dir)) < 0)
+                char *path = NULL;
+                const char *dir = dc->path[dircache_get(fs, dc, l.names[i].dir)];
+                if (!dir)
                         continue; /* unknown directory: this name cannot be removed (see evict_one) */
                 if (asprintf(&path, "%s%s%s", dir, dir[0] ? "/" : "", l.names[i].name) < 0)
                         return -ENOMEM;
@@ -196,7 +241,8 @@ static int load_candidate(struct kfs *fs, struct victim *v)
 
 /* Chooses victims in LRU order, from *cursor on, until goal bytes or max_victims are covered or the LRU
  * runs out; *cursor advances past what was looked at. */
-static int choose(struct kfs *fs, uint64_t goal, size_t max_victims, uint64_t *cursor, struct victims *vs)
+static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
+                  struct victims *vs)
 {
         struct kidx_lru_row rows[LRU_BATCH];
         uint64_t after = *cursor;
@@ -214,7 +260,7 @@ static int choose(struct kfs *fs, uint64_t goal, size_t max_victims, uint64_t *c
                         if (open)
                                 continue;
                         struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes };
-                        int r = load_candidate(fs, &v);
+                        int r = load_candidate(fs, dc, &v);
                         if (r != 0 || v.nnames == 0) {
                                 free_names(v.names, v.nnames);
                                 if (r < 0)
@@ -271,21 +317,17 @@ static void notify_all(struct kfs *fs, struct notify_list *nl)
 }
 
 /* Removes every name of one victim, unless it was opened since it was chosen. Returns bytes freed. */
-static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *nl)
+static uint64_t evict_one(struct kfs *fs, struct dircache *dc, struct victim *v, struct notify_list *nl)
 {
         int dirfds_small[8], *dirfds = v->nnames <= 8 ? dirfds_small : malloc(v->nnames * sizeof(int));
         if (!dirfds)
                 return 0;
+        /* Resolved outside itable_lock: the index query and path walk may be slow. With several names, a
+         * later lookup could replace an earlier slot, so each name then holds its own duplicate. */
+        bool dup = v->nnames > 1;
         for (size_t i = 0; i < v->nnames; i++) {
-                const char *p = v->names[i].path;
-                /* Resolve directories outside itable_lock: the path walk may be slow. */
-                char dir[4096];
-                dirfds[i] = -1;
-                if (!p)
-                        continue;
-                size_t dl = strlen(p) - strlen(v->names[i].name);
-                snprintf(dir, sizeof(dir), "%.*s", dl ? (int)dl - 1 : 1, dl ? p : ".");
-                dirfds[i] = openat(fs->root_fd, dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int fd = v->names[i].path ? dc->fd[dircache_get(fs, dc, v->names[i].dir)] : -1;
+                dirfds[i] = dup && fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : fd;
         }
 
         size_t removed = 0;
@@ -317,7 +359,7 @@ static uint64_t evict_one(struct kfs *fs, struct victim *v, struct notify_list *
                 }
         }
         pthread_mutex_unlock(&fs->itable_lock);
-        for (size_t i = 0; i < v->nnames; i++)
+        for (size_t i = 0; dup && i < v->nnames; i++)
                 if (dirfds[i] >= 0)
                         close(dirfds[i]);
         if (dirfds != dirfds_small)
@@ -335,15 +377,15 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
                            struct notify_list *nl)
 {
         struct victims vs = { 0 };
-        int r = choose(fs, goal > must_free ? goal : must_free, max_victims, cursor, &vs);
-        if (r < 0 || vs.bytes < must_free) {
-                free_victims(&vs);
-                return r < 0 ? r : -ENOSPC;
-        }
+        struct dircache dc = { 0 };
+        int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, &vs);
         int64_t freed = 0;
-        for (size_t i = 0; i < vs.n; i++)
-                freed += (int64_t)evict_one(fs, &vs.v[i], nl);
+        if (r < 0 || vs.bytes < must_free)
+                freed = r < 0 ? r : -ENOSPC;
+        for (size_t i = 0; freed >= 0 && i < vs.n; i++)
+                freed += (int64_t)evict_one(fs, &dc, &vs.v[i], nl);
         free_victims(&vs);
+        dircache_free(&dc);
         return freed;
 }
 

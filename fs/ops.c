@@ -23,6 +23,8 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
         conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
         /* Write-through: a write fails with ENOSPC in the syscall that crosses the limit, not at close. */
         conn->want &= ~(unsigned)FUSE_CAP_WRITEBACK_CACHE;
+        /* 1 MiB: one request per write(2) of up to 1 MiB, so that such a write that cannot fit fails
+         * whole with ENOSPC before anything is evicted, instead of evicting through its first chunks. */
         conn->max_write = 1024 * 1024;
         /* Cold reads of 1 MiB kernels in one request instead of eight. */
         conn->max_readahead = 1024 * 1024;
