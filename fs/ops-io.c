@@ -117,7 +117,7 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 return;
         }
         fi->keep_cache = refresh(fs, in, fd) && !(flags & O_TRUNC);
-        fi->noflush = !writer; /* nothing to flush for a reader: spare the kernel the round trip */
+        fi->noflush = 1; /* writes reach the backing file at once: close() has nothing to flush */
         fi->fh = (uint64_t)fd;
         log_open(req, fs, in, ino);
         if (fuse_reply_open(req, fi) == -ENOENT) {
@@ -166,6 +166,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         if (!created)
                 log_open(req, fs, in, e.ino);
         fi->fh = (uint64_t)fd;
+        fi->noflush = 1;
         if (fuse_reply_create(req, &e, fi) == -ENOENT) {
                 close(fd);
                 count_open(fs, in, is_writer(flags), -1);
