@@ -484,6 +484,83 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target)
         return evict_down_to(fs, target, &cursor);
 }
 
+int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
+{
+        int r = kidx_flush(fs->idx);
+        if (r < 0)
+                return r;
+        /* The LRU order is the atime order (explicit utimensat aside), so walk it until the first file
+         * accessed at or after the cutoff, a batch at a time. */
+        uint64_t cursor = 0;
+        int64_t total = 0;
+        for (;;) {
+                struct kidx_lru_row rows[BATCH_VICTIMS];
+                int n = kidx_lru_batch(fs->idx, cursor, rows, BATCH_VICTIMS);
+                if (n <= 0)
+                        return n < 0 && !total ? n : total;
+                uint64_t goal = 0;
+                int k = 0;
+                for (; k < n && rows[k].atime_ns < cutoff_ns; k++)
+                        goal += rows[k].bytes;
+                if (k == 0)
+                        return total;
+                struct notify_list nl = { 0 };
+                uint64_t c = cursor;
+                pthread_mutex_lock(&fs->evict_lock);
+                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, &nl);
+                pthread_mutex_unlock(&fs->evict_lock);
+                notify_all(fs, &nl);
+                if (freed < 0)
+                        return total ? total : freed;
+                total += freed;
+                cursor = rows[k - 1].seq;
+                if (k < n)
+                        return total;
+        }
+}
+
+int kfs_evict_ino(struct kfs *fs, uint64_t ino)
+{
+        struct victim v = { .ino = ino };
+        struct kidx_file f;
+        int r = kidx_get_file(fs->idx, ino, &f);
+        if (r < 0)
+                return r;
+        if (f.pinned)
+                return -EPERM;
+        struct dircache dc = { 0 };
+        struct notify_list nl = { 0 };
+        pthread_mutex_lock(&fs->evict_lock);
+        r = kidx_flush(fs->idx);
+        v.bytes = f.bytes;
+        if (r == 0)
+                r = load_candidate(fs, &dc, &v);
+        if (r == 1)
+                r = -EPERM; /* pinned by pattern */
+        if (r == 0) {
+                pthread_mutex_lock(&fs->itable_lock);
+                bool open = is_open(fs, ino);
+                pthread_mutex_unlock(&fs->itable_lock);
+                r = open ? -EBUSY : evict_one(fs, &dc, &v, &nl) ? 0 : -ENOENT;
+        }
+        pthread_mutex_unlock(&fs->evict_lock);
+        notify_all(fs, &nl);
+        free_names(v.names, v.nnames);
+        dircache_free(&dc);
+        return r;
+}
+
+bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in)
+{
+        struct victim v = { .ino = in->bino };
+        struct dircache dc = { 0 };
+        kidx_flush(fs->idx); /* a name made a moment ago must be seen */
+        int r = load_candidate(fs, &dc, &v);
+        free_names(v.names, v.nnames);
+        dircache_free(&dc);
+        return r == 1;
+}
+
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)
 {
         /* The backing filesystem is full before our limit: free this request plus the watermark's margin. */

@@ -7,7 +7,8 @@
  *   inode.c     the inode table: one O_PATH fd per backing inode, lookup counts, open counts
  *   ops-entry.c lookup, getattr, setattr, readdir, and the namespace operations
  *   ops-io.c    create, open, read, write, fallocate, flush, fsync, release
- *   ops-xattr.c extended attributes
+ *   ops-xattr.c extended attributes, passed through
+ *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
  *   ops.c       the fuse_lowlevel_ops table
  *
@@ -143,8 +144,21 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
 void kfs_space_release(struct kfs *fs, uint64_t bytes);
 /* Evicts least recently used files until used <= target. Returns bytes freed or -errno. */
 int64_t kfs_evict_to(struct kfs *fs, uint64_t target);
+/* Evicts, in LRU order, every unprotected file last accessed before cutoff_ns. Returns bytes freed. */
+int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns);
+/* Evicts one file now. -EBUSY: open; -EPERM: pinned; -ENOENT: not in the cache. */
+int kfs_evict_ino(struct kfs *fs, uint64_t ino);
+bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
+
+/* control.c: the user.kcachefs.* attributes */
+bool kfs_ctl_is_ours(const char *name);
+int kfs_ctl_get(struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size);
+size_t kfs_ctl_list(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size);
+int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, const char *value,
+                size_t size);
+int kfs_ctl_remove(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name);
 
 extern const struct fuse_lowlevel_ops kfs_ops;
 /* ops-*.c entry points, wired in ops.c */

@@ -1,17 +1,17 @@
-/* ops-xattr.c: extended attributes, passed through to the backing inode.
+/* ops-xattr.c: extended attributes. user.kcachefs.* is ours (control.c); everything else is passed
+ * through to the backing inode.
  *
  * An O_PATH fd cannot carry f*xattr calls, so they go through its /proc/self/fd link, which names the
  * inode itself. Symlinks are refused (ENOTSUP): the link would be followed to its target. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/xattr.h>
 
 #include "kfs.h"
 
-static int xattr_path(fuse_req_t req, fuse_ino_t ino, char *buf, size_t size)
+static int xattr_path(struct kfs_inode *in, char *buf, size_t size)
 {
-        struct kfs *fs = kfs_of(req);
-        struct kfs_inode *in = kfs_inode_get(fs, ino);
         if (kfs_stale(in))
                 return -ESTALE;
         if (S_ISLNK(in->type))
@@ -20,76 +20,108 @@ static int xattr_path(fuse_req_t req, fuse_ino_t ino, char *buf, size_t size)
         return 0;
 }
 
-/* Replies to getxattr/listxattr, which share the size protocol: size 0 asks for the length. */
-static void reply_sized(fuse_req_t req, size_t size, ssize_t (*get)(const char *, const char *, void *, size_t),
-                        const char *path, const char *name)
+/* getxattr/listxattr share the size protocol: size 0 asks for the length; too small is ERANGE. */
+static void reply_value(fuse_req_t req, size_t size, const char *val, ssize_t n)
 {
-        if (size == 0) {
-                ssize_t n = get(path, name, NULL, 0);
-                if (n < 0)
-                        fuse_reply_err(req, errno);
-                else
-                        fuse_reply_xattr(req, (size_t)n);
-                return;
-        }
-        char *buf = malloc(size);
-        if (!buf) {
-                fuse_reply_err(req, ENOMEM);
-                return;
-        }
-        ssize_t n = get(path, name, buf, size);
         if (n < 0)
-                fuse_reply_err(req, errno);
+                fuse_reply_err(req, (int)-n);
+        else if (size == 0)
+                fuse_reply_xattr(req, (size_t)n);
+        else if ((size_t)n > size)
+                fuse_reply_err(req, ERANGE);
         else
-                fuse_reply_buf(req, buf, (size_t)n);
-        free(buf);
-}
-
-static ssize_t get_one(const char *path, const char *name, void *buf, size_t size)
-{
-        return getxattr(path, name, buf, size);
-}
-
-static ssize_t list_all(const char *path, const char *name, void *buf, size_t size)
-{
-        (void)name;
-        return listxattr(path, buf, size);
+                fuse_reply_buf(req, val, (size_t)n);
 }
 
 void kfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size)
 {
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(req, ino, path, sizeof(path));
-        if (r < 0)
+        int r = xattr_path(in, path, sizeof(path));
+        if (r < 0) {
                 fuse_reply_err(req, -r);
-        else
-                reply_sized(req, size, get_one, path, name);
+                return;
+        }
+        if (kfs_ctl_is_ours(name)) {
+                char val[4096];
+                reply_value(req, size, val, kfs_ctl_get(fs, in, name, val, sizeof(val)));
+                return;
+        }
+        char *buf = size ? malloc(size) : NULL;
+        if (size && !buf) {
+                fuse_reply_err(req, ENOMEM);
+                return;
+        }
+        ssize_t n = getxattr(path, name, buf, size);
+        reply_value(req, size, buf, n < 0 ? -errno : n);
+        free(buf);
 }
 
 void kfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
 {
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(req, ino, path, sizeof(path));
-        if (r < 0)
+        int r = xattr_path(in, path, sizeof(path));
+        if (r < 0) {
                 fuse_reply_err(req, -r);
-        else
-                reply_sized(req, size, list_all, path, NULL);
+                return;
+        }
+        ssize_t n = listxattr(path, NULL, 0);
+        if (n < 0) {
+                fuse_reply_err(req, errno);
+                return;
+        }
+        size_t ours = kfs_ctl_list(fs, in, NULL, 0), cap = (size_t)n + ours + 1;
+        char *buf = malloc(cap);
+        if (!buf) {
+                fuse_reply_err(req, ENOMEM);
+                return;
+        }
+        n = listxattr(path, buf, cap);
+        if (n < 0) {
+                free(buf);
+                fuse_reply_err(req, errno);
+                return;
+        }
+        /* Backing names first, without any user.kcachefs.* that a copy may have brought along. */
+        size_t len = 0;
+        for (ssize_t i = 0; i < n;) {
+                size_t l = strlen(buf + i) + 1;
+                if (!kfs_ctl_is_ours(buf + i)) {
+                        memmove(buf + len, buf + i, l);
+                        len += l;
+                }
+                i += (ssize_t)l;
+        }
+        len += kfs_ctl_list(fs, in, buf + len, cap - len);
+        reply_value(req, size, buf, (ssize_t)len);
+        free(buf);
 }
 
 void kfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags)
 {
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(req, ino, path, sizeof(path));
-        if (r == 0 && setxattr(path, name, value, size, flags) < 0)
+        int r = xattr_path(in, path, sizeof(path));
+        if (r == 0 && kfs_ctl_is_ours(name))
+                r = kfs_ctl_set(req, fs, in, name, value, size);
+        else if (r == 0 && setxattr(path, name, value, size, flags) < 0)
                 r = -errno;
         fuse_reply_err(req, -r);
 }
 
 void kfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
 {
+        struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(req, ino, path, sizeof(path));
-        if (r == 0 && removexattr(path, name) < 0)
+        int r = xattr_path(in, path, sizeof(path));
+        if (r == 0 && kfs_ctl_is_ours(name))
+                r = kfs_ctl_remove(req, fs, in, name);
+        else if (r == 0 && removexattr(path, name) < 0)
                 r = -errno;
         fuse_reply_err(req, -r);
 }

@@ -291,6 +291,7 @@ int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, siz
                 rows[n].ino = (uint64_t)sqlite3_column_int64(st, 0);
                 rows[n].seq = (uint64_t)sqlite3_column_int64(st, 1);
                 rows[n].bytes = (uint64_t)sqlite3_column_int64(st, 2);
+                rows[n].atime_ns = sqlite3_column_int64(st, 3);
                 n++;
         }
         int r = (size_t)n < max && rc != SQLITE_DONE ? kidx__errno(rc) : 0;

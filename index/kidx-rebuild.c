@@ -123,6 +123,12 @@ static const char *const RECONCILE =
         "CREATE INDEX files_lru ON files(seq) WHERE pinned = 0;"
         "DROP TABLE temp.ord; DROP TABLE temp.scan;";
 
+int kidx_reconcile(kidx *idx, int backing_fd, const char *skip_name)
+{
+        int r = kidx_flush(idx);
+        return r < 0 ? r : kidx__rebuild(idx, backing_fd, skip_name, false);
+}
+
 int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progress)
 {
         struct stat root;

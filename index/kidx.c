@@ -49,7 +49,7 @@ static const char *const STMT_SQL[ST__COUNT] = {
         [ST_RENAME] = "UPDATE dents SET dir = ?3, name = ?4 WHERE dir = ?1 AND name = ?2",
         [ST_LOG_EVICTION] = "INSERT INTO evictions(time_ns, ino, bytes, name) VALUES (?1, ?2, ?3, ?4)",
         [ST_SET_META] = "INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)",
-        [ST_LRU] = "SELECT ino, seq, bytes FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2",
+        [ST_LRU] = "SELECT ino, seq, bytes, atime_ns FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2",
         [ST_NAMES] = "SELECT dir, name FROM dents WHERE ino = ?1",
         [ST_PARENT] = "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1",
 };

@@ -121,6 +121,7 @@ struct kidx_lru_row {
         uint64_t ino;
         uint64_t seq;
         uint64_t bytes;
+        int64_t atime_ns;
 };
 /* Up to max unpinned files with seq > after_seq, least recent first. Returns the count or -errno. */
 int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, size_t max);
@@ -131,4 +132,28 @@ int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size);
 /* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it. */
 void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int64_t now_ns);
 
+/* Reconciles the index with the tree while serving (kcache verify --repair): the batch keeps collecting
+ * meanwhile and is applied on top. Returns 0 or -errno. */
+int kidx_reconcile(kidx *idx, int backing_fd, const char *skip_name);
+
 const char *kidx_rebuild_reason_str(enum kidx_rebuild_reason r);
+
+/* ---- read-only access for tools (kcache): never blocks the daemon (WAL readers do not) ---- */
+typedef struct kidx_reader kidx_reader;
+struct kidx_entry {
+        const char *path;    /* relative to the cache root; valid during the callback */
+        uint64_t ino, bytes, seq, opens, bytes_read;
+        int64_t atime_ns;
+        bool pinned;
+        uint32_t uid;
+};
+int kidx_reader_open(const char *db_path, kidx_reader **ret);
+void kidx_reader_close(kidx_reader *r);
+/* Regular files in LRU order (mru: most recent first), at most limit (0: all), under prefix (a path
+ * relative to the root, "" for all). fn returns non-zero to stop. Returns the count or -errno. */
+int kidx_reader_list(kidx_reader *r, bool mru, uint64_t limit, const char *prefix,
+                     int (*fn)(void *ud, const struct kidx_entry *e), void *ud);
+/* Per-uid totals: fn(uid, files, bytes). */
+int kidx_reader_users(kidx_reader *r, void (*fn)(void *ud, uint32_t uid, uint64_t files, uint64_t bytes), void *ud);
+/* Every regular file's path and indexed bytes, for comparing with the tree. */
+int kidx_reader_files(kidx_reader *r, void (*fn)(void *ud, const char *path, uint64_t ino, uint64_t bytes), void *ud);

@@ -1,0 +1,217 @@
+/* control.c: the user.kcachefs.* extended attributes, kcachefs's control channel.
+ *
+ * Reading (anyone who can see the file; answered from memory and the index's read connection, so a
+ * reader never stalls the filesystem):
+ *   on a regular file  atime (ISO 8601, ns), atime_ns, opens, bytes_read, bytes, seq, pinned
+ *   on the mount root  version, max_bytes, used_bytes, free_bytes, files, opens, bytes_read,
+ *                      evicted_files, evicted_bytes, rebuilds, index (path), stats (all of it, JSON)
+ * Actions (only the mount's owner or root: EPERM otherwise):
+ *   on a regular file  pinned=1|0 (also removexattr), evict=1
+ *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
+ * These names never reach the backing filesystem; every other name is passed through (ops-xattr.c). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kfs.h"
+
+#define PREFIX "user.kcachefs."
+#define PREFIX_LEN (sizeof(PREFIX) - 1)
+
+static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
+                                          "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index" };
+static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+bool kfs_ctl_is_ours(const char *name)
+{
+        return strncmp(name, PREFIX, PREFIX_LEN) == 0;
+}
+
+static int stats_json(struct kfs *fs, char *buf, size_t size)
+{
+        struct kidx_stats s;
+        kidx_get_stats(fs->idx, &s);
+        uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0;
+        return snprintf(buf, size,
+                        "{\"version\":\"%s\",\"max_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
+                        ",\"free_bytes\":%" PRIu64 ",\"files\":%" PRIu64 ",\"entries\":%" PRIu64
+                        ",\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"evicted_files\":%" PRIu64
+                        ",\"evicted_bytes\":%" PRIu64 ",\"rebuilds\":%" PRIu64 ",\"low_watermark\":%u"
+                        ",\"index\":\"%s\",\"backing\":\"%s\"}",
+                        KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
+                        s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
+                        fs->o.backing);
+}
+
+static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
+{
+        struct kidx_stats s;
+        kidx_get_stats(fs->idx, &s);
+        uint64_t max = fs->o.max_size;
+        if (!strcmp(n, "stats"))
+                return stats_json(fs, buf, size);
+        if (!strcmp(n, "version"))
+                return snprintf(buf, size, "%s", KFS_VERSION);
+        if (!strcmp(n, "index"))
+                return snprintf(buf, size, "%s", fs->o.index_path);
+        const struct { const char *name; uint64_t v; } nums[] = {
+                { "max_bytes", max }, { "used_bytes", s.used_bytes },
+                { "free_bytes", s.used_bytes < max ? max - s.used_bytes : 0 }, { "files", s.files },
+                { "opens", s.opens }, { "bytes_read", s.bytes_read }, { "evicted_files", s.evicted_files },
+                { "evicted_bytes", s.evicted_bytes }, { "rebuilds", s.rebuilds },
+        };
+        for (size_t i = 0; i < COUNT(nums); i++)
+                if (!strcmp(n, nums[i].name))
+                        return snprintf(buf, size, "%" PRIu64, nums[i].v);
+        return -ENODATA;
+}
+
+static int file_value(struct kfs *fs, struct kfs_inode *in, const char *n, char *buf, size_t size)
+{
+        struct kidx_file f;
+        int r = kidx_get_file(fs->idx, in->bino, &f);
+        if (r < 0)
+                return r == -ENOENT ? -ENODATA : r;
+        int64_t a = atomic_load(&in->atime_ns); /* the inode's view includes accesses not yet flushed */
+        if (!strcmp(n, "atime")) {
+                time_t t = (time_t)(a / 1000000000LL);
+                struct tm tm;
+                char date[64];
+                gmtime_r(&t, &tm);
+                strftime(date, sizeof(date), "%Y-%m-%dT%H:%M:%S", &tm);
+                return snprintf(buf, size, "%s.%09lldZ", date, (long long)(a % 1000000000LL));
+        }
+        if (!strcmp(n, "atime_ns"))
+                return snprintf(buf, size, "%lld", (long long)a);
+        if (!strcmp(n, "opens"))
+                return snprintf(buf, size, "%" PRIu64, f.opens);
+        if (!strcmp(n, "bytes_read"))
+                return snprintf(buf, size, "%" PRIu64, f.bytes_read);
+        if (!strcmp(n, "bytes"))
+                return snprintf(buf, size, "%" PRIu64, f.bytes);
+        if (!strcmp(n, "seq"))
+                return snprintf(buf, size, "%" PRIu64, f.seq);
+        if (!strcmp(n, "pinned"))
+                return snprintf(buf, size, "%d", f.pinned || kfs_inode_pinned_by_pattern(fs, in) ? 1 : 0);
+        return -ENODATA;
+}
+
+int kfs_ctl_get(struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size)
+{
+        const char *n = name + PREFIX_LEN;
+        int r;
+        if (in == &fs->root)
+                r = root_value(fs, n, buf, size);
+        else if (S_ISREG(in->type))
+                r = file_value(fs, in, n, buf, size);
+        else
+                r = -ENODATA;
+        return r >= (int)size ? -E2BIG : r;
+}
+
+/* Appends our names for in to buf (size 0: only counts). Returns the bytes needed. */
+size_t kfs_ctl_list(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size)
+{
+        const char *const *names = in == &fs->root ? ROOT_NAMES : S_ISREG(in->type) ? FILE_NAMES : NULL;
+        size_t count = in == &fs->root ? COUNT(ROOT_NAMES) : COUNT(FILE_NAMES), len = 0;
+        if (!names)
+                return 0;
+        for (size_t i = 0; i < count; i++) {
+                size_t l = PREFIX_LEN + strlen(names[i]) + 1;
+                if (buf && len + l <= size) {
+                        memcpy(buf + len, PREFIX, PREFIX_LEN);
+                        memcpy(buf + len + PREFIX_LEN, names[i], l - PREFIX_LEN);
+                }
+                len += l;
+        }
+        return len;
+}
+
+static bool may_act(fuse_req_t req, struct kfs *fs)
+{
+        const struct fuse_ctx *c = fuse_req_ctx(req);
+        return c->uid == 0 || c->uid == fs->owner;
+}
+
+static int parse_bool(const char *v, size_t size, bool *ret)
+{
+        char b[8] = "";
+        if (size >= sizeof(b))
+                return -EINVAL;
+        memcpy(b, v, size);
+        if (!strcmp(b, "1") || !strcmp(b, "true") || !strcmp(b, "yes") || !strcmp(b, ""))
+                *ret = true;
+        else if (!strcmp(b, "0") || !strcmp(b, "false") || !strcmp(b, "no"))
+                *ret = false;
+        else
+                return -EINVAL;
+        return 0;
+}
+
+static int root_action(struct kfs *fs, const char *n, const char *value, size_t size)
+{
+        char v[128];
+        if (size >= sizeof(v))
+                return -EINVAL;
+        memcpy(v, value, size);
+        v[size] = '\0';
+        if (!strcmp(n, "flush"))
+                return kidx_flush(fs->idx);
+        if (!strcmp(n, "reconcile"))
+                return kidx_reconcile(fs->idx, fs->root_fd, KFS_META_DIR);
+        if (!strcmp(n, "evict")) {
+                uint64_t x;
+                int64_t r;
+                if (!strncmp(v, "to=", 3)) {
+                        if (kfs_parse_size(v + 3, &x) < 0 && strcmp(v + 3, "0"))
+                                return -EINVAL;
+                        r = kfs_evict_to(fs, strcmp(v + 3, "0") ? x : 0);
+                } else if (!strncmp(v, "older=", 6)) {
+                        char *end;
+                        double secs = strtod(v + 6, &end);
+                        if (end == v + 6 || *end || secs < 0)
+                                return -EINVAL;
+                        r = kfs_evict_older(fs, kfs_now_ns() - (int64_t)(secs * 1e9));
+                } else {
+                        return -EINVAL;
+                }
+                return r < 0 ? (int)r : 0;
+        }
+        return -ENOTSUP;
+}
+
+int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, const char *value,
+                size_t size)
+{
+        const char *n = name + PREFIX_LEN;
+        if (!may_act(req, fs))
+                return -EPERM;
+        if (in == &fs->root)
+                return root_action(fs, n, value, size);
+        if (!S_ISREG(in->type))
+                return -ENOTSUP;
+        if (!strcmp(n, "pinned")) {
+                bool pin;
+                int r = parse_bool(value, size, &pin);
+                if (r == 0)
+                        kidx_set_pinned(fs->idx, in->bino, pin);
+                return r;
+        }
+        if (!strcmp(n, "evict"))
+                return kfs_evict_ino(fs, in->bino);
+        return -ENOTSUP;
+}
+
+int kfs_ctl_remove(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name)
+{
+        if (strcmp(name + PREFIX_LEN, "pinned") || !S_ISREG(in->type) || in == &fs->root)
+                return -ENODATA;
+        if (!may_act(req, fs))
+                return -EPERM;
+        kidx_set_pinned(fs->idx, in->bino, false);
+        return 0;
+}
