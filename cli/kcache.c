@@ -1,0 +1,621 @@
+/* kcache: the operator's command for a kcachefs mount.
+ *
+ * It talks to the daemon through the mount itself: the user.kcachefs.* attributes (fs/control.c) for
+ * totals and actions, which the daemon checks (only the mount's owner or root may act), and the index,
+ * opened read-only, for listings (WAL readers never block the daemon). Exit status: 0, 1 on an error,
+ * 2 on bad usage. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../index/kidx.h"
+
+#define KC_PREFIX "user.kcachefs."
+
+static int kc_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int kc_fail(const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        fputs("kcache: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+        return 1;
+}
+
+static void kc_usage(FILE *f)
+{
+        fputs("usage: kcache COMMAND [ARGS]\n"
+              "\n"
+              "  stats [MOUNT] [--json|--prometheus]     limit, use, files, hits, evictions, per-user usage\n"
+              "  ls [MOUNT] [PATH] [--lru|--mru] [-n N]  files in eviction order with size, last access, opens\n"
+              "  evict MOUNT --to SIZE                   evict least recently used files down to SIZE\n"
+              "  evict MOUNT --older-than DURATION       evict files not accessed for DURATION (30d, 12h, 90s)\n"
+              "  evict PATH...                           evict these files now (unless open or pinned)\n"
+              "  pin PATH... | unpin PATH...             never evict these files / allow it again\n"
+              "  verify [--repair] MOUNT                 compare the index with the backing directory\n"
+              "  env MOUNT [RUNTIME...]                  export lines pointing runtimes at the mount\n"
+              "\n"
+              "MOUNT defaults to $KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt. Actions need the rights of the\n"
+              "mount's owner (or root). RUNTIME: neo sycl pocl cuda triton jax kcache (default: all).\n",
+              f);
+}
+
+static const char *kc_default_mount(void)
+{
+        static char buf[PATH_MAX];
+        const char *m = getenv("KCACHEFS_MOUNT");
+        if (m && *m)
+                return m;
+        snprintf(buf, sizeof(buf), "%s/.cache/kcachefs/mnt", getenv("HOME") ? getenv("HOME") : "");
+        return buf;
+}
+
+/* Reads attribute name of path into buf (NUL-terminated). Returns the length or -errno. */
+static ssize_t kc_get(const char *path, const char *name, char *buf, size_t size)
+{
+        char full[128];
+        snprintf(full, sizeof(full), KC_PREFIX "%s", name);
+        ssize_t n = getxattr(path, full, buf, size - 1);
+        if (n < 0)
+                return -errno;
+        buf[n] = '\0';
+        return n;
+}
+
+static int kc_set(const char *path, const char *name, const char *value)
+{
+        char full[128];
+        snprintf(full, sizeof(full), KC_PREFIX "%s", name);
+        return setxattr(path, full, value, strlen(value), 0) < 0 ? -errno : 0;
+}
+
+/* Checks that mount is the root of a kcachefs mount; prints the error itself. */
+static int kc_check_mount(const char *mount)
+{
+        char v[64];
+        ssize_t n = kc_get(mount, "version", v, sizeof(v));
+        if (n >= 0)
+                return 0;
+        if (n == -ENOENT)
+                return kc_fail("%s: no such directory", mount);
+        return kc_fail("%s is not the root of a kcachefs mount", mount);
+}
+
+static uint64_t kc_num(const char *mount, const char *name)
+{
+        char v[64];
+        return kc_get(mount, name, v, sizeof(v)) > 0 ? strtoull(v, NULL, 10) : 0;
+}
+
+static void kc_human(uint64_t b, char *buf, size_t size)
+{
+        const char *units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
+        double v = (double)b;
+        int u = 0;
+        while (v >= 1024 && u < 5) {
+                v /= 1024;
+                u++;
+        }
+        snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
+}
+
+static const char *kc_perm_hint(int e)
+{
+        return e == -EPERM || e == -EACCES ? " (only the mount's owner or root may do this)" : "";
+}
+
+/* ---- stats ---- */
+
+struct kc_users {
+        FILE *out;
+        int mode; /* 0 human, 1 json, 2 prometheus */
+        const char *mount;
+        int n;
+};
+
+static void kc_user_row(void *ud, uint32_t uid, uint64_t files, uint64_t bytes)
+{
+        struct kc_users *u = ud;
+        char h[32];
+        if (u->mode == 0) {
+                kc_human(bytes, h, sizeof(h));
+                fprintf(u->out, "  uid %-8u %10s in %" PRIu64 " files\n", uid, h, files);
+        } else if (u->mode == 1) {
+                fprintf(u->out, "%s{\"uid\":%u,\"files\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", u->n ? "," : "", uid, files,
+                        bytes);
+        } else {
+                fprintf(u->out, "kcachefs_user_used_bytes{mount=\"%s\",uid=\"%u\"} %" PRIu64 "\n", u->mount, uid, bytes);
+        }
+        u->n++;
+}
+
+static int kc_stats(int argc, char **argv)
+{
+        int mode = 0;
+        const char *mount = NULL;
+        for (int i = 1; i < argc; i++) {
+                if (!strcmp(argv[i], "--json"))
+                        mode = 1;
+                else if (!strcmp(argv[i], "--prometheus"))
+                        mode = 2;
+                else if (argv[i][0] == '-')
+                        return kc_usage(stderr), 2;
+                else
+                        mount = argv[i];
+        }
+        mount = mount ? mount : kc_default_mount();
+        if (kc_check_mount(mount))
+                return 1;
+        char json[4096], index[PATH_MAX];
+        if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
+                return kc_fail("%s: cannot read the statistics: %s", mount, strerror(errno));
+        (void)kc_set(mount, "flush", "1"); /* current per-user totals, if we may ask */
+        kidx_reader *rd = NULL;
+        bool users = kidx_reader_open(index, &rd) == 0; /* needs read access to the index */
+        struct kc_users u = { .out = stdout, .mode = mode, .mount = mount };
+        if (mode == 1) {
+                json[strlen(json) - 1] = '\0'; /* reopen the daemon's object to add the users */
+                printf("%s,\"mount\":\"%s\",\"users\":[", json, mount);
+                if (users)
+                        kidx_reader_users(rd, kc_user_row, &u);
+                printf("]}\n");
+        } else if (mode == 2) {
+                static const char *const metrics[][2] = {
+                        { "max_bytes", "gauge" }, { "used_bytes", "gauge" }, { "free_bytes", "gauge" },
+                        { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
+                        { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
+                };
+                for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
+                        const char *name = metrics[i][0], *type = metrics[i][1];
+                        const char *suffix = !strcmp(type, "counter") ? "_total" : "";
+                        printf("# TYPE kcachefs_%s%s %s\nkcachefs_%s%s{mount=\"%s\"} %" PRIu64 "\n", name, suffix, type,
+                               name, suffix, mount, kc_num(mount, name));
+                }
+                if (users) {
+                        printf("# TYPE kcachefs_user_used_bytes gauge\n");
+                        kidx_reader_users(rd, kc_user_row, &u);
+                }
+        } else {
+                char a[32], b[32], c[32], d[32], e[32];
+                uint64_t max = kc_num(mount, "max_bytes"), used = kc_num(mount, "used_bytes");
+                kc_human(max, a, sizeof(a));
+                kc_human(used, b, sizeof(b));
+                kc_human(kc_num(mount, "free_bytes"), c, sizeof(c));
+                kc_human(kc_num(mount, "bytes_read"), d, sizeof(d));
+                kc_human(kc_num(mount, "evicted_bytes"), e, sizeof(e));
+                printf("mount       %s\nlimit       %s\nused        %s (%.1f%%)\nfree        %s\n"
+                       "files       %" PRIu64 "\nhits        %" PRIu64 " opens, %s served by the daemon\n"
+                       "evictions   %" PRIu64 " files, %s\nrebuilds    %" PRIu64 "\n",
+                       mount, a, b, max ? 100.0 * (double)used / (double)max : 0.0, c, kc_num(mount, "files"),
+                       kc_num(mount, "opens"), d, kc_num(mount, "evicted_files"), e, kc_num(mount, "rebuilds"));
+                if (users) {
+                        printf("per user\n");
+                        kidx_reader_users(rd, kc_user_row, &u);
+                } else {
+                        printf("per user    (needs read access to the index %s)\n", index);
+                }
+        }
+        kidx_reader_close(rd);
+        return 0;
+}
+
+/* ---- ls ---- */
+
+struct kc_ls {
+        bool tty;
+};
+
+static int kc_ls_row(void *ud, const struct kidx_entry *e)
+{
+        (void)ud;
+        char when[64], h[32];
+        time_t t = (time_t)(e->atime_ns / 1000000000LL);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
+        kc_human(e->bytes, h, sizeof(h));
+        printf("%10s  %s.%09lld  %6" PRIu64 "  %s  %s\n", h, when, (long long)(e->atime_ns % 1000000000LL), e->opens,
+               e->pinned ? "pin" : "   ", e->path);
+        return 0;
+}
+
+/* Finds the mount root above path: the nearest directory that answers user.kcachefs.version. */
+static int kc_find_root(const char *path, char *root, size_t size)
+{
+        char real[PATH_MAX], v[64];
+        if (!realpath(path, real))
+                return -errno;
+        for (;;) {
+                if (kc_get(real, "version", v, sizeof(v)) >= 0) { /* only the root answers "version" */
+                        snprintf(root, size, "%s", real);
+                        return 0;
+                }
+                char *slash = strrchr(real, '/');
+                if (!slash || slash == real)
+                        return -ENOENT;
+                *slash = '\0';
+        }
+}
+
+static int kc_ls(int argc, char **argv)
+{
+        bool mru = false;
+        uint64_t n = 0;
+        const char *args[2] = { NULL, NULL };
+        int nargs = 0;
+        for (int i = 1; i < argc; i++) {
+                if (!strcmp(argv[i], "--lru"))
+                        mru = false;
+                else if (!strcmp(argv[i], "--mru"))
+                        mru = true;
+                else if (!strcmp(argv[i], "-n") && i + 1 < argc)
+                        n = strtoull(argv[++i], NULL, 10);
+                else if (argv[i][0] == '-' || nargs == 2)
+                        return kc_usage(stderr), 2;
+                else
+                        args[nargs++] = argv[i];
+        }
+        const char *target = nargs == 2 ? args[1] : nargs == 1 ? args[0] : kc_default_mount();
+        char root[PATH_MAX], real[PATH_MAX], index[PATH_MAX];
+        if (nargs == 2 && kc_check_mount(args[0]))
+                return 1;
+        if (kc_find_root(nargs == 2 ? args[0] : target, root, sizeof(root)) < 0)
+                return kc_fail("%s is not inside a kcachefs mount", target);
+        /* PATH: absolute, or relative to the mount root when MOUNT is given, else to the current dir. */
+        const char *prefix = "";
+        if (nargs == 2 && args[1][0] != '/') {
+                prefix = args[1];
+        } else if (strcmp(target, root) && realpath(target, real)) {
+                prefix = real + strlen(root);
+        }
+        while (*prefix == '/')
+                prefix++;
+        char clean[PATH_MAX];
+        snprintf(clean, sizeof(clean), "%s", prefix);
+        for (size_t l = strlen(clean); l > 0 && clean[l - 1] == '/'; l--)
+                clean[l - 1] = '\0';
+        prefix = clean;
+        if (kc_get(root, "index", index, sizeof(index)) < 0)
+                return kc_fail("%s: cannot find the index: %s", root, strerror(errno));
+        (void)kc_set(root, "flush", "1"); /* fresh order if we may; otherwise at most a second old */
+        kidx_reader *rd;
+        int r = kidx_reader_open(index, &rd);
+        if (r < 0)
+                return kc_fail("cannot read the index %s: %s (kcache ls needs read access to it)", index, strerror(-r));
+        printf("%10s  %-29s  %6s  %s  %s\n", "SIZE", "LAST ACCESS", "OPENS", "   ", mru ? "PATH (most recent first)"
+                                                                                   : "PATH (next to be evicted first)");
+        r = kidx_reader_list(rd, mru, n, prefix, kc_ls_row, NULL);
+        kidx_reader_close(rd);
+        return r < 0 ? kc_fail("listing failed: %s", strerror(-r)) : 0;
+}
+
+/* ---- evict, pin, unpin ---- */
+
+static int kc_duration(const char *s, double *ret)
+{
+        char *end;
+        double v = strtod(s, &end);
+        if (end == s || v < 0)
+                return -EINVAL;
+        double mult = 1;
+        if (!strcmp(end, "s") || !*end)
+                mult = 1;
+        else if (!strcmp(end, "m") || !strcmp(end, "min"))
+                mult = 60;
+        else if (!strcmp(end, "h"))
+                mult = 3600;
+        else if (!strcmp(end, "d"))
+                mult = 86400;
+        else if (!strcmp(end, "w"))
+                mult = 7 * 86400;
+        else
+                return -EINVAL;
+        *ret = v * mult;
+        return 0;
+}
+
+static int kc_evict(int argc, char **argv)
+{
+        if (argc >= 4 && (!strcmp(argv[2], "--to") || !strcmp(argv[2], "--older-than"))) {
+                const char *mount = argv[1];
+                if (kc_check_mount(mount))
+                        return 1;
+                char v[128];
+                if (!strcmp(argv[2], "--to")) {
+                        snprintf(v, sizeof(v), "to=%s", argv[3]);
+                } else {
+                        double secs;
+                        if (kc_duration(argv[3], &secs) < 0)
+                                return kc_fail("invalid duration '%s' (examples: 90s, 15m, 12h, 30d)", argv[3]);
+                        snprintf(v, sizeof(v), "older=%.3f", secs);
+                }
+                uint64_t before = kc_num(mount, "used_bytes"), files = kc_num(mount, "files");
+                int r = kc_set(mount, "evict", v);
+                if (r < 0)
+                        return kc_fail("%s: eviction failed: %s%s", mount, r == -EINVAL ? "invalid size" : strerror(-r),
+                                       kc_perm_hint(r));
+                char a[32], b[32];
+                kc_human(before - kc_num(mount, "used_bytes"), a, sizeof(a));
+                kc_human(kc_num(mount, "used_bytes"), b, sizeof(b));
+                printf("evicted %" PRIu64 " files, %s; %s in use\n", files - kc_num(mount, "files"), a, b);
+                return 0;
+        }
+        if (argc < 2 || argv[1][0] == '-')
+                return kc_usage(stderr), 2;
+        int status = 0;
+        for (int i = 1; i < argc; i++) {
+                int r = kc_set(argv[i], "evict", "1");
+                if (r < 0)
+                        status = kc_fail("%s: %s%s", argv[i],
+                                         r == -EBUSY ? "open, not evicted" : r == -EPERM ? "pinned or not permitted"
+                                         : r == -ENOTSUP || r == -ENODATA ? "not a file in a kcachefs mount"
+                                                                          : strerror(-r), kc_perm_hint(r == -EPERM ? 0 : r));
+        }
+        return status;
+}
+
+static int kc_pin(int argc, char **argv, bool pin)
+{
+        if (argc < 2)
+                return kc_usage(stderr), 2;
+        int status = 0;
+        for (int i = 1; i < argc; i++) {
+                int r = pin ? kc_set(argv[i], "pinned", "1")
+                            : (removexattr(argv[i], KC_PREFIX "pinned") < 0 ? -errno : 0);
+                if (r < 0)
+                        status = kc_fail("%s: %s%s", argv[i],
+                                         r == -ENOTSUP || r == -ENODATA ? "not a file in a kcachefs mount" : strerror(-r),
+                                         kc_perm_hint(r));
+        }
+        return status;
+}
+
+/* ---- verify ---- */
+
+struct kc_file {
+        char *path;
+        uint64_t ino, bytes;
+};
+
+struct kc_set {
+        struct kc_file *v;
+        size_t n, cap;
+};
+
+static void kc_add(struct kc_set *s, const char *path, uint64_t ino, uint64_t bytes)
+{
+        if (s->n == s->cap) {
+                s->cap = s->cap ? s->cap * 2 : 1024;
+                s->v = realloc(s->v, s->cap * sizeof(*s->v));
+                if (!s->v) {
+                        kc_fail("out of memory");
+                        exit(1);
+                }
+        }
+        s->v[s->n++] = (struct kc_file){ strdup(path), ino, bytes };
+}
+
+static void kc_index_file(void *ud, const char *path, uint64_t ino, uint64_t bytes)
+{
+        kc_add(ud, path, ino, bytes);
+}
+
+static void kc_walk(int dfd, const char *rel, struct kc_set *s, bool top, bool tty)
+{
+        DIR *d = fdopendir(dfd);
+        if (!d)
+                return;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || (top && !strcmp(de->d_name, ".kcachefs")))
+                        continue;
+                char path[PATH_MAX];
+                snprintf(path, sizeof(path), "%s%s%s", rel, *rel ? "/" : "", de->d_name);
+                struct stat st;
+                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                        continue;
+                if (S_ISREG(st.st_mode)) {
+                        kc_add(s, path, st.st_ino, (uint64_t)st.st_blocks * 512);
+                        if (tty && s->n % 10000 == 0)
+                                fprintf(stderr, "\rkcache: scanning: %zu files", s->n);
+                } else if (S_ISDIR(st.st_mode)) {
+                        int c = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (c >= 0)
+                                kc_walk(c, path, s, false, tty);
+                }
+        }
+        closedir(d);
+}
+
+static int kc_cmp(const void *a, const void *b)
+{
+        return strcmp(((const struct kc_file *)a)->path, ((const struct kc_file *)b)->path);
+}
+
+static void kc_free_set(struct kc_set *s)
+{
+        for (size_t i = 0; i < s->n; i++)
+                free(s->v[i].path);
+        free(s->v);
+}
+
+/* Returns the number of differences, or -errno. */
+static long kc_compare(const char *mount, bool quiet)
+{
+        char json[4096], index[PATH_MAX];
+        if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
+                return -errno;
+        char *b = strstr(json, "\"backing\":\""), backing[PATH_MAX];
+        if (!b)
+                return -EPROTO;
+        b += strlen("\"backing\":\"");
+        snprintf(backing, sizeof(backing), "%.*s", (int)strcspn(b, "\""), b);
+        (void)kc_set(mount, "flush", "1");
+        kidx_reader *rd;
+        int r = kidx_reader_open(index, &rd);
+        if (r < 0)
+                return r;
+        struct kc_set idx = { 0 }, tree = { 0 };
+        r = kidx_reader_files(rd, kc_index_file, &idx);
+        kidx_reader_close(rd);
+        int fd = open(backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (r < 0 || fd < 0) {
+                kc_free_set(&idx);
+                return r < 0 ? r : -errno;
+        }
+        bool tty = isatty(STDERR_FILENO);
+        kc_walk(fd, "", &tree, true, tty);
+        if (tty)
+                fprintf(stderr, "\rkcache: scanned %zu files\n", tree.n);
+        qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp);
+        qsort(tree.v, tree.n, sizeof(*tree.v), kc_cmp);
+        long diff = 0;
+        size_t i = 0, j = 0;
+        while (i < idx.n || j < tree.n) {
+                int c = i == idx.n ? 1 : j == tree.n ? -1 : strcmp(idx.v[i].path, tree.v[j].path);
+                if (c < 0) {
+                        if (!quiet)
+                                printf("only in the index:  %s\n", idx.v[i].path);
+                        diff++, i++;
+                } else if (c > 0) {
+                        if (!quiet)
+                                printf("not in the index:   %s (%" PRIu64 " bytes)\n", tree.v[j].path, tree.v[j].bytes);
+                        diff++, j++;
+                } else {
+                        if (idx.v[i].bytes != tree.v[j].bytes || idx.v[i].ino != tree.v[j].ino) {
+                                if (!quiet)
+                                        printf("differs:            %s (index %" PRIu64 " bytes, tree %" PRIu64 ")\n",
+                                               tree.v[j].path, idx.v[i].bytes, tree.v[j].bytes);
+                                diff++;
+                        }
+                        i++, j++;
+                }
+        }
+        kc_free_set(&idx);
+        kc_free_set(&tree);
+        return diff;
+}
+
+static int kc_verify(int argc, char **argv)
+{
+        bool repair = false;
+        const char *mount = NULL;
+        for (int i = 1; i < argc; i++) {
+                if (!strcmp(argv[i], "--repair"))
+                        repair = true;
+                else if (argv[i][0] == '-')
+                        return kc_usage(stderr), 2;
+                else
+                        mount = argv[i];
+        }
+        mount = mount ? mount : kc_default_mount();
+        if (kc_check_mount(mount))
+                return 1;
+        long d = kc_compare(mount, false);
+        if (d < 0)
+                return kc_fail("%s: cannot verify: %s", mount, strerror((int)-d));
+        if (d == 0) {
+                printf("%s: the index matches the backing directory\n", mount);
+                return 0;
+        }
+        printf("%s: %ld difference%s\n", mount, d, d == 1 ? "" : "s");
+        if (!repair)
+                return 1;
+        int r = kc_set(mount, "reconcile", "1");
+        if (r < 0)
+                return kc_fail("%s: repair failed: %s%s", mount, strerror(-r), kc_perm_hint(r));
+        d = kc_compare(mount, true);
+        if (d != 0)
+                return kc_fail("%s: %ld differences remain after the repair", mount, d);
+        printf("%s: repaired; the index matches the backing directory\n", mount);
+        return 0;
+}
+
+/* ---- env ---- */
+
+static int kc_env(int argc, char **argv)
+{
+        static const char *const all[] = { "neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache" };
+        if (argc < 2 || argv[1][0] == '-')
+                return kc_usage(stderr), 2;
+        const char *mount = argv[1];
+        if (kc_check_mount(mount))
+                return 1;
+        char real[PATH_MAX];
+        if (!realpath(mount, real))
+                return kc_fail("%s: %s", mount, strerror(errno));
+        int n = argc > 2 ? argc - 2 : (int)(sizeof(all) / sizeof(all[0]));
+        for (int i = 0; i < n; i++) {
+                const char *rt = argc > 2 ? argv[i + 2] : all[i];
+                char dir[PATH_MAX + 16];
+                snprintf(dir, sizeof(dir), "%s/%s", real, rt);
+                bool known = false;
+                for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
+                        known |= !strcmp(rt, all[k]);
+                if (!known)
+                        return kc_fail("unknown runtime '%s' (neo sycl pocl cuda triton jax kcache)", rt);
+                if (mkdir(dir, 0777) < 0 && errno != EEXIST)
+                        return kc_fail("cannot create %s: %s", dir, strerror(errno));
+                if (!strcmp(rt, "neo"))
+                        printf("export NEO_CACHE_PERSISTENT=1 NEO_CACHE_DIR='%s' NEO_CACHE_MAX_SIZE=0\n", dir);
+                else if (!strcmp(rt, "sycl"))
+                        printf("export SYCL_CACHE_PERSISTENT=1 SYCL_CACHE_DIR='%s'; unset SYCL_CACHE_MAX_SIZE\n", dir);
+                else if (!strcmp(rt, "pocl"))
+                        printf("export POCL_CACHE_DIR='%s'\n", dir);
+                else if (!strcmp(rt, "cuda"))
+                        printf("export CUDA_CACHE_PATH='%s' CUDA_CACHE_MAXSIZE=4294967296\n", dir);
+                else if (!strcmp(rt, "triton"))
+                        printf("export TRITON_CACHE_DIR='%s'\n", dir);
+                else if (!strcmp(rt, "jax"))
+                        printf("export JAX_COMPILATION_CACHE_DIR='%s' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0\n",
+                               dir);
+                else
+                        printf("export KCACHE_DIR='%s'\n", dir);
+        }
+        return 0;
+}
+
+int main(int argc, char **argv)
+{
+        if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+                kc_usage(argc < 2 ? stderr : stdout);
+                return argc < 2 ? 2 : 0;
+        }
+        if (!strcmp(argv[1], "--version")) {
+                printf("kcache (kcachefs) " KCACHE_VERSION "\n");
+                return 0;
+        }
+        const char *cmd = argv[1];
+        argc--, argv++;
+        if (!strcmp(cmd, "stats"))
+                return kc_stats(argc, argv);
+        if (!strcmp(cmd, "ls"))
+                return kc_ls(argc, argv);
+        if (!strcmp(cmd, "evict"))
+                return kc_evict(argc, argv);
+        if (!strcmp(cmd, "pin"))
+                return kc_pin(argc, argv, true);
+        if (!strcmp(cmd, "unpin"))
+                return kc_pin(argc, argv, false);
+        if (!strcmp(cmd, "verify"))
+                return kc_verify(argc, argv);
+        if (!strcmp(cmd, "env"))
+                return kc_env(argc, argv);
+        kc_fail("unknown command '%s'", cmd);
+        kc_usage(stderr);
+        return 2;
+}

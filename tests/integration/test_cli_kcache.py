@@ -1,0 +1,154 @@
+"""The kcache command and the user.kcachefs.* attributes it uses, through a real mount."""
+import json
+import os
+import pwd
+import subprocess
+
+import pytest
+
+from conftest import ROOT, backing_files
+
+K = 1024
+
+
+def kcache_bin():
+    return os.environ.get("KCACHE_BIN") or os.path.join(ROOT, "build", "kcache")
+
+
+def kcache(*args, check=True, user=None):
+    cmd = [kcache_bin(), *args]
+    if user:
+        cmd = ["runuser", "-u", user, "--"] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    if check:
+        assert p.returncode == 0, p.stderr
+    return p
+
+
+def fill(m, names, size=8 * K):
+    for n in names:
+        os.makedirs(os.path.dirname(m.path(n)) or m.mnt, exist_ok=True)
+        with open(m.path(n), "wb") as f:
+            f.write(b"k" * size)
+
+
+def test_stats_json_prometheus_and_human(kfs):
+    m = kfs({"max_size": "4M"})
+    fill(m, ["a/1", "a/2", "b/3"])
+    s = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    for key in ("max_bytes", "used_bytes", "files", "evicted_files", "evicted_bytes", "opens", "rebuilds"):
+        assert key in s
+    assert s["max_bytes"] == 4 << 20 and s["files"] == 3 and s["used_bytes"] == 3 * 8 * K
+    assert s["users"] == [{"uid": 0, "files": 3, "bytes": 3 * 8 * K}]
+    prom = kcache("stats", "--prometheus", m.mnt).stdout
+    assert f'kcachefs_used_bytes{{mount="{m.mnt}"}} {3 * 8 * K}' in prom
+    assert "# TYPE kcachefs_evicted_files_total counter" in prom
+    human = kcache("stats", m.mnt).stdout
+    assert "4.0 MiB" in human and "24.0 KiB" in human
+
+
+def test_ls_orders_and_filters(kfs):
+    m = kfs()
+    fill(m, ["d/x", "d/y", "e/z"])
+    for n in ["d/y", "e/z", "d/x"]:  # access order: y, z, x
+        open(m.path(n), "rb").read()
+    rows = [l.split()[-1] for l in kcache("ls", m.mnt).stdout.splitlines()[1:]]
+    assert rows == ["d/y", "e/z", "d/x"]
+    rows = [l.split()[-1] for l in kcache("ls", m.mnt, "--mru", "-n", "2").stdout.splitlines()[1:]]
+    assert rows == ["d/x", "e/z"]
+    rows = [l.split()[-1] for l in kcache("ls", m.mnt, "d").stdout.splitlines()[1:]]
+    assert rows == ["d/y", "d/x"]
+
+
+def test_pin_evict_and_verify(kfs):
+    m = kfs({"max_size": "4M"})
+    fill(m, [f"f{i}" for i in range(6)])
+    kcache("pin", m.path("f0"))
+    assert os.getxattr(m.path("f0"), "user.kcachefs.pinned") == b"1"
+    out = kcache("evict", m.mnt, "--to", "0").stdout
+    assert "evicted 5 files" in out
+    assert os.listdir(m.mnt) == ["f0"]
+    kcache("unpin", m.path("f0"))
+    assert os.getxattr(m.path("f0"), "user.kcachefs.pinned") == b"0"
+    # A single file, and a file that is open (protected).
+    fill(m, ["g", "h"])
+    with open(m.path("h"), "rb"):
+        p = kcache("evict", m.path("h"), check=False)
+        assert p.returncode == 1 and "open" in p.stderr
+    kcache("evict", m.path("g"))
+    assert sorted(os.listdir(m.mnt)) == ["f0", "h"]
+    # --older-than: everything accessed before now.
+    kcache("evict", m.mnt, "--older-than", "0s")
+    assert os.listdir(m.mnt) == []
+    # verify: a file added behind the daemon's back is a difference; --repair fixes it.
+    with open(os.path.join(m.backing, "sneaky"), "wb") as f:
+        f.write(b"s" * 5000)
+    p = kcache("verify", m.mnt, check=False)
+    assert p.returncode == 1 and "not in the index:   sneaky" in p.stdout
+    assert "repaired" in kcache("verify", "--repair", m.mnt).stdout
+    assert "matches" in kcache("verify", m.mnt).stdout
+    assert json.loads(kcache("stats", "--json", m.mnt).stdout)["used_bytes"] == backing_files(m.backing)["sneaky"]
+
+
+def test_env_points_runtimes_at_subdirectories(kfs):
+    m = kfs()
+    out = kcache("env", m.mnt).stdout
+    for var in ("NEO_CACHE_DIR", "SYCL_CACHE_PERSISTENT=1", "POCL_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
+                "JAX_COMPILATION_CACHE_DIR", "KCACHE_DIR", "NEO_CACHE_MAX_SIZE=0"):
+        assert var in out
+    for d in ("neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache"):
+        assert os.path.isdir(m.path(d))
+    env = subprocess.run(["bash", "-c", f'eval "$({kcache_bin()} env {m.mnt} pocl)"; echo $POCL_CACHE_DIR'],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    assert env == m.path("pocl")
+
+
+def test_clear_errors(kfs, tmp_path):
+    m = kfs()
+    p = kcache("stats", str(tmp_path), check=False)
+    assert p.returncode == 1 and "not the root of a kcachefs mount" in p.stderr
+    p = kcache("frobnicate", check=False)
+    assert p.returncode == 2
+    p = kcache("evict", m.mnt, "--older-than", "soon", check=False)
+    assert p.returncode == 1 and "invalid duration" in p.stderr
+
+
+def test_getfattr_and_setfattr(kfs):
+    m = kfs()
+    fill(m, ["k"])
+    open(m.path("k"), "rb").read()
+    out = subprocess.run(["getfattr", "-d", "-m", "user.kcachefs", m.path("k")], capture_output=True, text=True,
+                         check=True).stdout
+    for name in ("atime", "opens", "pinned"):
+        assert f"user.kcachefs.{name}=" in out
+    assert int(os.getxattr(m.path("k"), "user.kcachefs.atime_ns")) == os.stat(m.path("k")).st_atime_ns
+    assert os.getxattr(m.path("k"), "user.kcachefs.opens") == b"2"
+    subprocess.run(["setfattr", "-n", "user.kcachefs.pinned", "-v", "1", m.path("k")], check=True)
+    assert os.getxattr(m.path("k"), "user.kcachefs.pinned") == b"1"
+    root = subprocess.run(["getfattr", "-d", "-m", "user.kcachefs", m.mnt], capture_output=True, text=True,
+                          check=True).stdout
+    assert "user.kcachefs.used_bytes=" in root and "user.kcachefs.max_bytes=" in root
+    # Ordinary attributes still reach the backing file.
+    os.setxattr(m.path("k"), "user.other", b"v")
+    assert os.getxattr(os.path.join(m.backing, "k"), "user.other") == b"v"
+    assert not any(n.startswith("user.kcachefs") for n in os.listxattr(os.path.join(m.backing, "k")))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_only_the_owner_or_root_may_act(kfs):
+    m = kfs({"allow_other": True, "default_permissions": True})
+    os.chmod(m.mnt, 0o1777)
+    try:
+        pwd.getpwnam("kcfs-user2")
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "kcfs-user2"], check=True)
+    fill(m, ["x"])
+    os.chmod(m.path("x"), 0o644)
+    # Reading works for everyone, never an action.
+    assert kcache("stats", m.mnt, user="kcfs-user2").returncode == 0
+    p = kcache("evict", m.mnt, "--to", "0", check=False, user="kcfs-user2")
+    assert p.returncode == 1 and "owner" in p.stderr
+    p = kcache("pin", m.path("x"), check=False, user="kcfs-user2")
+    assert p.returncode == 1
+    assert os.listdir(m.mnt) == ["x"]
+    assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == b"0"
