@@ -1,0 +1,18 @@
+#!/bin/sh
+# Batch-job prolog (Slurm Prolog=, PBS prologue): make sure this node's kcachefs cache is mounted on
+# node-local disk before the job starts, shared by all jobs and users of the node. Idempotent.
+#   KCACHEFS_BACKING  node-local directory (default /tmp/kcachefs/backing; never NFS)
+#   KCACHEFS_MOUNT    mount point (default /tmp/kcachefs/mnt)
+#   KCACHEFS_OPTIONS  -o options (default max_size=20G,allow_other,default_permissions)
+set -eu
+backing=${KCACHEFS_BACKING:-/tmp/kcachefs/backing}
+mnt=${KCACHEFS_MOUNT:-/tmp/kcachefs/mnt}
+opts=${KCACHEFS_OPTIONS:-max_size=20G,allow_other,default_permissions}
+kcachefs=${KCACHEFS_BIN:-kcachefs}
+if mountpoint -q "$mnt"; then exit 0; fi
+mkdir -p "$backing" "$mnt"
+"$kcachefs" -o "$opts" "$backing" "$mnt"
+# Per-runtime directories, writable by every user, sticky like /tmp: users cannot remove each other's files.
+for d in neo sycl pocl cuda triton jax kcache; do
+  mkdir -p "$mnt/$d" && chmod 1777 "$mnt/$d"
+done

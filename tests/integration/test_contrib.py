@@ -1,0 +1,107 @@
+"""What operators use, run for real: the fstab line through mount(8) and mount.fuse3, the systemd unit's
+command lines as systemd would expand them, the job prolog, and the module files' variables."""
+import os
+import re
+import shlex
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ROOT, kcachefs_bin, wait_for
+
+CONTRIB = os.path.join(ROOT, "contrib")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting through mount(8) needs root")
+
+
+@pytest.fixture
+def installed_binary():
+    """mount(8) runs helpers with a fixed PATH: put the binary under test where it looks."""
+    link = "/usr/local/sbin/kcachefs"
+    if os.path.exists(link) and not os.path.islink(link):
+        pytest.skip("a real kcachefs is installed in /usr/local/sbin")
+    old = os.readlink(link) if os.path.islink(link) else None
+    if old is not None:
+        os.unlink(link)
+    os.symlink(os.path.abspath(kcachefs_bin()), link)
+    yield link
+    os.unlink(link)
+    if old is not None:
+        os.symlink(old, link)
+
+
+def size_of(mnt):
+    s = os.statvfs(mnt)
+    return s.f_blocks * s.f_frsize
+
+
+@needs_root
+def test_fstab_line_mounts_through_mount_fuse3(workdir, installed_binary):
+    d, cleanup = workdir
+    line = next(l for l in open(os.path.join(CONTRIB, "fstab.example")) if l.strip() and not l.startswith("#"))
+    backing, mnt, fstype, opts, _, _ = line.split()
+    assert fstype == "fuse.kcachefs"
+    backing, mnt = os.path.join(d, "fb"), os.path.join(d, "fm")
+    os.makedirs(backing)
+    os.makedirs(mnt)
+    cleanup.insert(0, mnt)
+    subprocess.run(["mount", "-t", fstype, "-o", opts, backing, mnt], check=True, capture_output=True)
+    wait_for(lambda: os.path.ismount(mnt), what="mount")
+    assert size_of(mnt) == 50 << 30
+    with open(os.path.join(mnt, "x"), "w") as f:
+        f.write("through fstab")
+    subprocess.run(["umount", mnt], check=True)
+    assert open(os.path.join(backing, "x")).read() == "through fstab"
+
+
+def systemd_expand(cmd, env, mountpoint):
+    cmd = cmd.replace("%f", mountpoint)
+    return [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], w) for w in shlex.split(cmd)]
+
+
+@needs_root
+def test_systemd_unit_command_lines(workdir):
+    d, cleanup = workdir
+    unit = open(os.path.join(CONTRIB, "systemd", "kcachefs@.service.in")).read()
+    keys = dict(re.findall(r"^(Exec\w+)=(.*)$", unit, re.M))
+    env = dict(re.findall(r"^Environment=(\w+)=(.*)$", unit, re.M))
+    assert {"ExecStartPre", "ExecStart", "ExecStop"} <= set(keys)
+    mnt = os.path.join(d, "unit-mnt")
+    env["KCACHEFS_BACKING"] = os.path.join(d, "unit-backing")  # as /etc/kcachefs/<instance>.env would set
+    cleanup.insert(0, mnt)
+    subprocess.run(systemd_expand(keys["ExecStartPre"], env, mnt), check=True)
+    start = systemd_expand(keys["ExecStart"].replace("@SBINDIR@/kcachefs", kcachefs_bin()), env, mnt)
+    p = subprocess.run(start, capture_output=True, text=True)  # Type=forking: returns once mounted
+    assert p.returncode == 0, p.stderr
+    assert os.path.ismount(mnt)
+    assert size_of(mnt) == 10 << 30
+    subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), check=True)
+    assert not os.path.ismount(mnt)
+
+
+@needs_root
+def test_job_prolog_mounts_once_with_shared_runtime_dirs(workdir):
+    d, cleanup = workdir
+    env = dict(os.environ, KCACHEFS_BACKING=os.path.join(d, "pb"), KCACHEFS_MOUNT=os.path.join(d, "pm"),
+               KCACHEFS_BIN=os.path.abspath(kcachefs_bin()), KCACHEFS_OPTIONS="max_size=1G,allow_other")
+    cleanup.insert(0, env["KCACHEFS_MOUNT"])
+    prolog = os.path.join(CONTRIB, "hpc", "prolog-kcachefs.sh")
+    for _ in range(2):  # idempotent: the second job on the node finds it mounted
+        subprocess.run([prolog], env=env, check=True)
+    assert os.path.ismount(env["KCACHEFS_MOUNT"])
+    for rt in ("neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache"):
+        assert os.stat(os.path.join(env["KCACHEFS_MOUNT"], rt)).st_mode & 0o7777 == 0o1777
+
+
+def test_module_files_set_what_kcache_env_sets():
+    kcache_src = open(os.path.join(ROOT, "cli", "kcache.c")).read()
+    wanted = set(re.findall(r"export ([A-Z_]+)=", kcache_src)) | set(re.findall(r" ([A-Z_]+)=[^ ]", kcache_src))
+    wanted &= {"NEO_CACHE_DIR", "NEO_CACHE_MAX_SIZE", "NEO_CACHE_PERSISTENT", "SYCL_CACHE_DIR",
+               "SYCL_CACHE_PERSISTENT", "POCL_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
+               "JAX_COMPILATION_CACHE_DIR", "KCACHE_DIR"}
+    assert len(wanted) == 10
+    lua = open(os.path.join(CONTRIB, "modulefiles", "kcachefs.lua")).read()
+    tcl = open(os.path.join(CONTRIB, "modulefiles", "kcachefs.tcl")).read()
+    for var in wanted:
+        assert f'setenv("{var}"' in lua, var
+        assert f"setenv {var} " in tcl, var
