@@ -192,6 +192,7 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                       struct fuse_file_info *fi);
 void kfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op);
 void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
 void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi);
 void kfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags);

@@ -445,8 +445,10 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_set_clone_fd(lc, cmd.clone_fd);
                 if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given */
                         fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
-                if (cmd.max_threads != UINT_MAX && cmd.max_threads != 0)
-                        fuse_loop_cfg_set_max_threads(lc, cmd.max_threads);
+                /* Blocking flock() requests each hold a thread until granted (ops-io.c): with libfuse's
+                 * default of 10, ten waiters would starve the holder of the lock. */
+                fuse_loop_cfg_set_max_threads(lc, cmd.max_threads != UINT_MAX && cmd.max_threads != 0 &&
+                                                          cmd.max_threads != 10 ? cmd.max_threads : 1024);
                 ret = fuse_session_loop_mt(fs.se, lc);
                 fuse_loop_cfg_destroy(lc);
         }

@@ -11,6 +11,7 @@
  * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone. */
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -293,6 +294,16 @@ void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
         (void)ino;
         int fd = (int)fi->fh;
         fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+}
+
+void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
+{
+        /* Each open has its own backing fd, hence its own open file description: flock() between two
+         * opens conflicts exactly as on a local filesystem. A blocking request holds this thread until the
+         * lock is granted (main.c raises the thread limit for that); the kernel sends RELEASE only after it
+         * returns, so the fd cannot be closed under it. */
+        (void)ino;
+        fuse_reply_err(req, flock((int)fi->fh, op) < 0 ? errno : 0);
 }
 
 void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)

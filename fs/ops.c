@@ -14,9 +14,13 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
                 conn->want |= FUSE_CAP_ATOMIC_O_TRUNC;
         if (conn->capable & FUSE_CAP_READDIRPLUS)
                 conn->want |= FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO;
-        /* Locks stay in the kernel: flock and fcntl locks then work between all processes of this node,
+        /* flock() is taken on the backing file (kfs_op_flock), so the runtimes' locks (NEO's config.file,
+         * JAX's .lockfile) and the daemon's own, taken before it repairs their bookkeeping, are one lock
+         * domain. fcntl() record locks stay in the kernel: they work between all processes of the node,
          * which is the scope of the cache, and cost no round trip. */
-        conn->want &= ~(unsigned)(FUSE_CAP_FLOCK_LOCKS | FUSE_CAP_POSIX_LOCKS);
+        if (conn->capable & FUSE_CAP_FLOCK_LOCKS)
+                conn->want |= FUSE_CAP_FLOCK_LOCKS;
+        conn->want &= ~(unsigned)FUSE_CAP_POSIX_LOCKS;
         /* Every change goes through this mount, so cached pages and attributes stay right without the
          * kernel re-checking attributes on every read (a GETATTR per open, since opens invalidate atime).
          * Opens decide keep_cache themselves; eviction invalidates directory listings explicitly. */
@@ -70,4 +74,5 @@ const struct fuse_lowlevel_ops kfs_ops = {
         .access = kfs_op_access,
         .create = kfs_op_create,
         .fallocate = kfs_op_fallocate,
+        .flock = kfs_op_flock,
 };

@@ -267,3 +267,22 @@ def test_large_directory_listing_resumes_across_requests(kfs):
     assert set(os.listdir(m.path("big"))) == set(sorted(names)[1::2])
     kinds = {e.name: e.is_file() for e in os.scandir(m.path("big"))}
     assert len(kinds) == 1500 and all(kinds.values())
+
+
+def test_flock_is_one_domain_with_the_backing_file(kfs):
+    # The daemon repairs runtimes' bookkeeping under their own flock: a lock on the backing file and a lock
+    # through the mount must exclude each other.
+    m = kfs()
+    write(m.path("config.file"), b"\0" * 8)
+    bfd = os.open(os.path.join(m.backing, "config.file"), os.O_RDWR)
+    fcntl.flock(bfd, fcntl.LOCK_EX)
+    fd = os.open(m.path("config.file"), os.O_RDWR)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(bfd, fcntl.LOCK_UN)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with pytest.raises(BlockingIOError):
+        fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.close(fd)
+    fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the mount's fd released it
+    os.close(bfd)
