@@ -283,6 +283,17 @@ def test_flock_is_one_domain_with_the_backing_file(kfs):
     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     with pytest.raises(BlockingIOError):
         fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.close(fd)
-    fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # closing the mount's fd released it
+    fcntl.flock(fd, fcntl.LOCK_UN)  # an explicit unlock is synchronous
+    fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    fcntl.flock(bfd, fcntl.LOCK_UN)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    os.close(fd)  # releases the lock through FUSE's asynchronous RELEASE: a moment after close() returns
+
+    def free():
+        try:
+            fcntl.flock(bfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+    wait_for(free, timeout=5, what="the lock to be released after close")
     os.close(bfd)
