@@ -75,9 +75,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -91,6 +93,7 @@ struct name {
         char *path;   /* relative to the backing root, for pins and the eviction log */
 };
 
+/* One file of a unit. */
 struct victim {
         uint64_t ino;
         uint64_t bytes;
@@ -98,10 +101,25 @@ struct victim {
         size_t nnames;
 };
 
+/* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
+struct vunit {
+        size_t first, count;
+        enum kfs_rt rt;
+        char *repair;  /* bookkeeping to repair afterwards (units.c), or NULL */
+};
+
 struct victims {
         struct victim *v;
         size_t n, cap;
+        struct vunit *u;
+        size_t nu;
         uint64_t bytes;
+};
+
+/* A bookkeeping repair still to do (the runtime held its lock last time). */
+struct kfs_repair {
+        enum kfs_rt rt;
+        char *dir;
 };
 
 /* Directories of the victims of one batch: victims cluster in few directories, so each one's path is
@@ -185,8 +203,68 @@ static void free_victims(struct victims *vs)
 {
         for (size_t i = 0; i < vs->n; i++)
                 free_names(vs->v[i].names, vs->v[i].nnames);
+        for (size_t i = 0; i < vs->nu; i++)
+                free(vs->u[i].repair);
         free(vs->v);
+        free(vs->u);
         memset(vs, 0, sizeof(*vs));
+}
+
+static int push_victim(struct victims *vs, struct victim *v)
+{
+        if (vs->n == vs->cap) {
+                size_t ncap = vs->cap ? vs->cap * 2 : 64;
+                struct victim *nv = realloc(vs->v, ncap * sizeof(*nv));
+                if (!nv)
+                        return -ENOMEM;
+                vs->v = nv;
+                vs->cap = ncap;
+        }
+        vs->v[vs->n++] = *v;
+        vs->bytes += v->bytes;
+        return 0;
+}
+
+static int push_unit(struct victims *vs, size_t first, enum kfs_rt rt, const char *repair)
+{
+        struct vunit *nu = realloc(vs->u, (vs->nu + 1) * sizeof(*nu));
+        if (!nu)
+                return -ENOMEM;
+        vs->u = nu;
+        nu[vs->nu++] = (struct vunit){ first, vs->n - first, rt, repair ? strdup(repair) : NULL };
+        return 0;
+}
+
+/* Units met during one choose(): a unit is taken when the LRU walk reaches its newest member. */
+struct seen {
+        char *key;
+        uint64_t newest;   /* the newest member's seq */
+        bool done;         /* taken, or found protected */
+};
+
+struct seen_set {
+        struct seen *v;
+        size_t n;
+};
+
+static struct seen *seen_get(struct seen_set *ss, const char *key)
+{
+        for (size_t i = 0; i < ss->n; i++)
+                if (!strcmp(ss->v[i].key, key))
+                        return &ss->v[i];
+        struct seen *nv = realloc(ss->v, (ss->n + 1) * sizeof(*nv));
+        if (!nv)
+                return NULL;
+        ss->v = nv;
+        nv[ss->n] = (struct seen){ strdup(key), 0, false };
+        return nv[ss->n].key ? &nv[ss->n++] : NULL;
+}
+
+static void seen_free(struct seen_set *ss)
+{
+        for (size_t i = 0; i < ss->n; i++)
+                free(ss->v[i].key);
+        free(ss->v);
 }
 
 bool kfs_pinned_path(const struct kfs *fs, const char *path)
@@ -241,18 +319,84 @@ static int load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
 
 /* Chooses victims in LRU order, from *cursor on, until goal bytes or max_victims are covered or the LRU
  * runs out; *cursor advances past what was looked at. */
+/* Turns a resolved multi-file unit into victims, if it may go now: 1 if taken, 0 if not (yet), -errno.
+ * row_seq: the LRU position reached; the unit waits until that is its newest member (its recency). */
+static int take_unit(struct kfs *fs, struct dircache *dc, struct kfs_unit *u, uint64_t row_seq, struct seen *sn,
+                     struct victims *vs)
+{
+        size_t first = vs->n;
+        uint64_t newest = 0;
+        int r = 0;
+        for (size_t i = 0; i < u->n && r == 0; i++) {
+                struct stat st, ds;
+                const char *p = u->members[i], *slash = strrchr(p, '/');
+                char dir[PATH_MAX];
+                snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
+                if (fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+                    fstatat(fs->root_fd, dir, &ds, 0) < 0)
+                        continue; /* gone meanwhile */
+                struct kidx_file f;
+                bool known = kidx_get_file(fs->idx, st.st_ino, &f) == 0;
+                pthread_mutex_lock(&fs->itable_lock);
+                bool open = is_open(fs, st.st_ino);
+                pthread_mutex_unlock(&fs->itable_lock);
+                if (open || (known && f.pinned) || kfs_pinned_path(fs, p)) {
+                        sn->done = true; /* protected as a whole */
+                        r = 0;
+                        goto undo;
+                }
+                if (known && f.seq > newest)
+                        newest = f.seq;
+                struct name *nm = calloc(1, sizeof(*nm));
+                struct victim v = { .ino = st.st_ino, .bytes = known ? f.bytes : (uint64_t)st.st_blocks * 512,
+                                    .names = nm, .nnames = 1 };
+                if (!nm || !(nm->name = strdup(slash ? slash + 1 : p)) || !(nm->path = strdup(p))) {
+                        free_names(nm, nm ? 1 : 0);
+                        r = -ENOMEM;
+                        goto undo;
+                }
+                nm->dir = ds.st_ino == fs->root.bino ? fs->root.bino : ds.st_ino;
+                (void)dircache_get(fs, dc, nm->dir);
+                if ((r = push_victim(vs, &v)) < 0) {
+                        free_names(nm, 1);
+                        goto undo;
+                }
+        }
+        sn->newest = newest;
+        if (newest > row_seq || vs->n == first) {
+                r = 0; /* not its newest member yet: its turn comes later in the walk */
+                goto undo;
+        }
+        if ((r = push_unit(vs, first, u->rt, u->repair)) < 0)
+                goto undo;
+        sn->done = true;
+        return 1;
+undo:
+        while (vs->n > first) {
+                vs->n--;
+                vs->bytes -= vs->v[vs->n].bytes;
+                free_names(vs->v[vs->n].names, vs->v[vs->n].nnames);
+        }
+        return r;
+}
+
+/* Chooses units in LRU order, from *cursor on, until goal bytes or max_victims files are covered or the
+ * LRU runs out; *cursor advances past what was looked at. */
 static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
                   struct victims *vs)
 {
         struct kidx_lru_row rows[LRU_BATCH];
+        struct seen_set ss = { 0 };
         uint64_t after = *cursor;
-        while (vs->bytes < goal && vs->n < max_victims) {
+        int64_t now = kfs_now_ns();
+        int r = 0;
+        while (r == 0 && vs->bytes < goal && vs->n < max_victims) {
                 int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);
                 if (n <= 0) {
-                        *cursor = after;
-                        return n;
+                        r = n;
+                        break;
                 }
-                for (int i = 0; i < n && vs->bytes < goal && vs->n < max_victims; i++) {
+                for (int i = 0; r == 0 && i < n && vs->bytes < goal && vs->n < max_victims; i++) {
                         after = rows[i].seq;
                         pthread_mutex_lock(&fs->itable_lock);
                         bool open = is_open(fs, rows[i].ino);
@@ -260,29 +404,42 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                         if (open)
                                 continue;
                         struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes };
-                        int r = load_candidate(fs, dc, &v);
-                        if (r != 0 || v.nnames == 0) {
+                        r = load_candidate(fs, dc, &v);
+                        const char *path = v.nnames ? v.names[0].path : NULL;
+                        struct kfs_unit u = { 0 };
+                        if (r != 0 || !path || kfs_unit_protected(fs, path, rows[i].atime_ns, now) ||
+                            (r = kfs_unit_resolve(fs, path, &u)) < 0) {
                                 free_names(v.names, v.nnames);
-                                if (r < 0)
-                                        return r;
+                                kfs_unit_free(&u);
+                                r = r < 0 ? r : 0;
                                 continue;
                         }
-                        if (vs->n == vs->cap) {
-                                size_t ncap = vs->cap ? vs->cap * 2 : 64;
-                                struct victim *nv = realloc(vs->v, ncap * sizeof(*nv));
-                                if (!nv) {
+                        if (u.rt == KFS_RT_FILE) {
+                                size_t first = vs->n;
+                                r = push_victim(vs, &v);
+                                if (r == 0)
+                                        r = push_unit(vs, first, KFS_RT_FILE, NULL);
+                                else
                                         free_names(v.names, v.nnames);
-                                        return -ENOMEM;
-                                }
-                                vs->v = nv;
-                                vs->cap = ncap;
+                                kfs_unit_free(&u);
+                                continue;
                         }
-                        vs->v[vs->n++] = v;
-                        vs->bytes += v.bytes;
+                        free_names(v.names, v.nnames);
+                        char key[PATH_MAX + 16];
+                        snprintf(key, sizeof(key), "%d:%s", u.rt, u.rt == KFS_RT_SYCL || u.rt == KFS_RT_JAX
+                                                                      ? (u.n ? u.members[0] : u.root) : u.root);
+                        struct seen *sn = seen_get(&ss, key);
+                        if (!sn)
+                                r = -ENOMEM;
+                        else if (!sn->done && !u.busy && (sn->newest == 0 || rows[i].seq >= sn->newest))
+                                r = take_unit(fs, dc, &u, rows[i].seq, sn, vs);
+                        r = r < 0 ? r : 0;
+                        kfs_unit_free(&u);
                 }
         }
+        seen_free(&ss);
         *cursor = after;
-        return 0;
+        return r;
 }
 
 /* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
@@ -316,58 +473,174 @@ static void notify_all(struct kfs *fs, struct notify_list *nl)
         nl->n = 0;
 }
 
-/* Removes every name of one victim, unless it was opened since it was chosen. Returns bytes freed. */
-static uint64_t evict_one(struct kfs *fs, struct dircache *dc, struct victim *v, struct notify_list *nl)
+/* itable_lock held. Unlinks every name of v that still is v (dirfds[i] for v->names[i]); marks the inode
+ * evicted. Returns the number of names removed. */
+static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *dirfds, struct notify_list *nl)
 {
-        int dirfds_small[8], *dirfds = v->nnames <= 8 ? dirfds_small : malloc(v->nnames * sizeof(int));
-        if (!dirfds)
-                return 0;
-        /* Resolved outside itable_lock: the index query and path walk may be slow. With several names, a
-         * later lookup could replace an earlier slot, so each name then holds its own duplicate. */
-        bool dup = v->nnames > 1;
-        for (size_t i = 0; i < v->nnames; i++) {
-                int fd = v->names[i].path ? dc->fd[dircache_get(fs, dc, v->names[i].dir)] : -1;
-                dirfds[i] = dup && fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : fd;
-        }
-
         size_t removed = 0;
+        for (size_t i = 0; i < v->nnames; i++) {
+                struct stat st;
+                if (dirfds[i] < 0 || fstatat(dirfds[i], v->names[i].name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                        continue;
+                if (st.st_ino != v->ino)
+                        continue; /* the index is stale for this name: never remove another file */
+                if (unlinkat(dirfds[i], v->names[i].name, 0) < 0)
+                        continue;
+                removed++;
+                struct stat ds;
+                if (fstat(dirfds[i], &ds) == 0)
+                        note_inode(fs, nl, kfs_inode_find_locked(fs, ds.st_ino));
+        }
+        struct kfs_inode *in = kfs_inode_find_locked(fs, v->ino);
+        if (in && removed) {
+                atomic_store(&in->evicted, true);
+                /* Our O_PATH fd would keep the unlinked inode, and its blocks, alive until the kernel
+                 * forgets it. Point the fd number at a placeholder: atomic, so a request using in->fd
+                 * concurrently sees one file or the other, never a reused number. */
+                if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
+                        /* the blocks then stay allocated until the kernel forgets the inode */
+                }
+                note_inode(fs, nl, in);
+        }
+        return removed;
+}
+
+/* Removes one unit: all its files in order, or none if any of them was opened since it was chosen.
+ * Returns the bytes freed. */
+static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u,
+                           struct notify_list *nl)
+{
+        size_t total = 0;
+        for (size_t k = 0; k < u->count; k++)
+                total += vs->v[u->first + k].nnames;
+        int small[16], *fds = total <= 16 ? small : malloc(total * sizeof(int));
+        if (!fds)
+                return 0;
+        /* Directories resolved outside itable_lock (index queries, path walks); each name holds its own
+         * duplicate, since a later cache lookup may replace an earlier slot. */
+        for (size_t k = 0, j = 0; k < u->count; k++) {
+                struct victim *v = &vs->v[u->first + k];
+                for (size_t i = 0; i < v->nnames; i++, j++) {
+                        int fd = v->names[i].path ? dc->fd[dircache_get(fs, dc, v->names[i].dir)] : -1;
+                        fds[j] = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+                }
+        }
+        bool *removed = calloc(u->count ? u->count : 1, sizeof(bool));
+        if (!removed) {
+                for (size_t j = 0; j < total; j++)
+                        if (fds[j] >= 0)
+                                close(fds[j]);
+                if (fds != small)
+                        free(fds);
+                return 0;
+        }
         pthread_mutex_lock(&fs->itable_lock);
-        if (!is_open(fs, v->ino)) {
-                for (size_t i = 0; i < v->nnames; i++) {
-                        struct stat st;
-                        if (dirfds[i] < 0 || fstatat(dirfds[i], v->names[i].name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-                                continue;
-                        if (st.st_ino != v->ino)
-                                continue; /* the index is stale for this name: never remove another file */
-                        if (unlinkat(dirfds[i], v->names[i].name, 0) < 0)
-                                continue;
-                        removed++;
-                        struct stat ds;
-                        if (fstat(dirfds[i], &ds) == 0)
-                                note_inode(fs, nl, kfs_inode_find_locked(fs, ds.st_ino));
-                }
-                struct kfs_inode *in = kfs_inode_find_locked(fs, v->ino);
-                if (in && removed) {
-                        atomic_store(&in->evicted, true);
-                        /* Our O_PATH fd would keep the unlinked inode, and its blocks, alive until the
-                         * kernel forgets it. Point the fd number at a placeholder: atomic, so a request
-                         * using in->fd concurrently sees one file or the other, never a reused number. */
-                        if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
-                                /* the blocks then stay allocated until the kernel forgets the inode */
-                        }
-                        note_inode(fs, nl, in);
-                }
+        bool open = false;
+        for (size_t k = 0; k < u->count && !open; k++)
+                open = is_open(fs, vs->v[u->first + k].ino);
+        for (size_t k = 0, j = 0; !open && k < u->count; k++) {
+                struct victim *v = &vs->v[u->first + k];
+                removed[k] = remove_member_locked(fs, v, fds + j, nl) > 0;
+                j += v->nnames;
         }
         pthread_mutex_unlock(&fs->itable_lock);
-        for (size_t i = 0; dup && i < v->nnames; i++)
-                if (dirfds[i] >= 0)
-                        close(dirfds[i]);
-        if (dirfds != dirfds_small)
-                free(dirfds);
-        if (!removed)
-                return 0;
-        kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, kfs_now_ns());
-        return v->bytes;
+        for (size_t j = 0; j < total; j++)
+                if (fds[j] >= 0)
+                        close(fds[j]);
+        if (fds != small)
+                free(fds);
+        uint64_t freed = 0;
+        int64_t now = kfs_now_ns();
+        for (size_t k = 0; k < u->count; k++) {
+                struct victim *v = &vs->v[u->first + k];
+                if (!removed[k])
+                        continue;
+                kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, now);
+                freed += v->bytes;
+        }
+        free(removed);
+        return freed;
+}
+
+/* Removes dir/name (bookkeeping the daemon repairs) as eviction removes files: index, stale inode, kernel. */
+static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct notify_list *nl)
+{
+        struct stat st, ds;
+        if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || fstat(dirfd, &ds) < 0)
+                return;
+        struct victim v = { .ino = st.st_ino };
+        struct name nm = { .dir = ds.st_ino, .name = (char *)name };
+        v.names = &nm;
+        v.nnames = 1;
+        pthread_mutex_lock(&fs->itable_lock);
+        size_t n = remove_member_locked(fs, &v, &dirfd, nl);
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (n) {
+                struct kidx_file f;
+                kidx_del_dent(fs->idx, ds.st_ino, name);
+                if (st.st_nlink <= 1)
+                        kidx_del_file(fs->idx, st.st_ino,
+                                      kidx_get_file(fs->idx, st.st_ino, &f) == 0 ? f.bytes : (uint64_t)st.st_blocks * 512);
+        }
+}
+
+/* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
+ * protocol. Returns false if the runtime holds the lock now (try again later).
+ *   NEO:  unlink config.file under flock(); NEO then recreates it and recounts the directory.
+ *   SYCL: unlink cache_size.txt while holding cache_size.txt.lock (created O_EXCL, as SYCL does). */
+static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notify_list *nl)
+{
+        int dfd = openat(fs->root_fd, *dir ? dir : ".", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+                return true; /* gone: nothing to repair */
+        bool done = true;
+        if (rt == KFS_RT_NEO) {
+                int fd = openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                if (fd >= 0) {
+                        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+                                remove_noted(fs, dfd, "config.file", nl);
+                        else
+                                done = false;
+                        close(fd); /* releases the lock */
+                }
+        } else if (rt == KFS_RT_SYCL) {
+                int lk = openat(dfd, "cache_size.txt.lock", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
+                if (lk >= 0) {
+                        remove_noted(fs, dfd, "cache_size.txt", nl);
+                        close(lk);
+                        unlinkat(dfd, "cache_size.txt.lock", 0);
+                } else {
+                        done = errno != EEXIST;
+                }
+        }
+        close(dfd);
+        return done;
+}
+
+/* evict_lock held. Runs the repairs of this batch's units and the ones left over from earlier batches. */
+static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < vs->nu; i++) {
+                if (!vs->u[i].repair)
+                        continue;
+                bool dup = false;
+                for (size_t k = 0; k < fs->nrepairs && !dup; k++)
+                        dup = fs->repairs[k].rt == vs->u[i].rt && !strcmp(fs->repairs[k].dir, vs->u[i].repair);
+                struct kfs_repair *nr = dup ? NULL : realloc(fs->repairs, (fs->nrepairs + 1) * sizeof(*nr));
+                if (nr) {
+                        fs->repairs = nr;
+                        nr[fs->nrepairs++] = (struct kfs_repair){ vs->u[i].rt, vs->u[i].repair };
+                        vs->u[i].repair = NULL; /* now owned by fs->repairs */
+                }
+        }
+        size_t keep = 0;
+        for (size_t k = 0; k < fs->nrepairs; k++) {
+                if (repair(fs, fs->repairs[k].rt, fs->repairs[k].dir, nl))
+                        free(fs->repairs[k].dir);
+                else
+                        fs->repairs[keep++] = fs->repairs[k];
+        }
+        fs->nrepairs = keep;
 }
 
 /* evict_lock held. Removes the victims that cover goal bytes (at most max_victims), continuing the LRU
@@ -382,8 +655,10 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)
                 freed = r < 0 ? r : -ENOSPC;
-        for (size_t i = 0; freed >= 0 && i < vs.n; i++)
-                freed += (int64_t)evict_one(fs, &dc, &vs.v[i], nl);
+        for (size_t i = 0; freed >= 0 && i < vs.nu; i++)
+                freed += (int64_t)evict_unit(fs, &dc, &vs, &vs.u[i], nl);
+        if (freed >= 0)
+                repair_all(fs, &vs, nl);
         free_victims(&vs);
         dircache_free(&dc);
         return freed;
@@ -521,6 +796,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
 
 int kfs_evict_ino(struct kfs *fs, uint64_t ino)
 {
+        /* The file's whole unit goes (a SYCL entry, a PoCL program...), with every protection. */
         struct victim v = { .ino = ino };
         struct kidx_file f;
         int r = kidx_get_file(fs->idx, ino, &f);
@@ -530,6 +806,8 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 return -EPERM;
         struct dircache dc = { 0 };
         struct notify_list nl = { 0 };
+        struct victims vs = { 0 };
+        struct kfs_unit u = { 0 };
         pthread_mutex_lock(&fs->evict_lock);
         r = kidx_flush(fs->idx);
         v.bytes = f.bytes;
@@ -537,14 +815,33 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 r = load_candidate(fs, &dc, &v);
         if (r == 1)
                 r = -EPERM; /* pinned by pattern */
+        const char *path = v.nnames ? v.names[0].path : NULL;
+        if (r == 0 && (!path || kfs_unit_protected(fs, path, f.atime_ns, kfs_now_ns())))
+                r = -EPERM;
+        if (r == 0)
+                r = kfs_unit_resolve(fs, path, &u);
+        if (r == 0 && u.busy)
+                r = -EBUSY;
+        if (r == 0 && u.rt == KFS_RT_FILE) {
+                r = push_victim(&vs, &v);
+                if (r == 0) {
+                        v.names = NULL;
+                        v.nnames = 0;
+                        r = push_unit(&vs, 0, KFS_RT_FILE, NULL);
+                }
+        } else if (r == 0) {
+                struct seen sn = { 0 };
+                r = take_unit(fs, &dc, &u, UINT64_MAX, &sn, &vs);
+                r = r == 1 ? 0 : r == 0 ? -EBUSY : r; /* 0: a member is open or pinned */
+        }
         if (r == 0) {
-                pthread_mutex_lock(&fs->itable_lock);
-                bool open = is_open(fs, ino);
-                pthread_mutex_unlock(&fs->itable_lock);
-                r = open ? -EBUSY : evict_one(fs, &dc, &v, &nl) ? 0 : -ENOENT;
+                r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl) || vs.bytes == 0 ? 0 : -EBUSY;
+                repair_all(fs, &vs, &nl);
         }
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);
+        free_victims(&vs);
+        kfs_unit_free(&u);
         free_names(v.names, v.nnames);
         dircache_free(&dc);
         return r;

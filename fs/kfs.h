@@ -10,6 +10,7 @@
  *   ops-xattr.c extended attributes, passed through
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
+ *   units.c     what one eviction removes, per runtime; protected files
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
@@ -35,6 +36,25 @@
 
 enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };
 
+/* Runtimes whose cache layout eviction knows (units.c). */
+enum kfs_rt { KFS_RT_AUTO, KFS_RT_FILE, KFS_RT_NEO, KFS_RT_SYCL, KFS_RT_POCL, KFS_RT_TRITON, KFS_RT_JAX, KFS_RT_CUDA };
+
+struct kfs_layout {
+        char *dir;                /* relative to the cache root; "" for the whole mount */
+        enum kfs_rt rt;
+};
+
+/* One logical entry of a runtime: evicted whole or not at all (units.c). */
+struct kfs_unit {
+        enum kfs_rt rt;
+        char *root;               /* the entry's directory, relative */
+        char **members;           /* regular files, relative, in deletion order */
+        size_t n;
+        char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
+        bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
+        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
+};
+
 struct kfs_opts {
         char *backing;            /* absolute, resolved */
         char *mountpoint;         /* absolute, resolved */
@@ -51,6 +71,10 @@ struct kfs_opts {
         int nolog;                /* debug: no access log (for measuring its cost) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         char **pins;              /* parsed pin patterns, NULL-terminated */
+        char *layout_str;         /* -o layout= */
+        struct kfs_layout *layouts;
+        size_t nlayouts;
+        double tmp_age;           /* seconds after which a runtime's temporary file counts as leaked */
         int show_help, show_version;
 };
 
@@ -91,6 +115,8 @@ struct kfs {
         uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
         bool evicting;            /* an eviction runs: reservations wait for it; space_lock */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
+        struct kfs_repair *repairs; /* bookkeeping repairs that found the runtime's lock held; evict_lock */
+        size_t nrepairs;
         pthread_mutex_t evict_lock; /* one eviction at a time */
 };
 
@@ -151,6 +177,13 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino);
 bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
+
+/* units.c */
+bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
+int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *ret);
+void kfs_unit_free(struct kfs_unit *u);
+const char *kfs_rt_name(enum kfs_rt rt);
+int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
 
 /* control.c: the user.kcachefs.* attributes */
 bool kfs_ctl_is_ours(const char *name);

@@ -40,6 +40,8 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("low_watermark=%s", low_watermark_str),
         OPT("pin=%s", pin_str),
         OPT("protect=%s", protect_str),
+        OPT("layout=%s", layout_str),
+        OPT("tmp_age=%lf", tmp_age),
         OPT("timeout=%lf", timeout),
         OPT("flush_ms=%u", flush_ms),
         OPT("nolog", nolog),
@@ -88,6 +90,11 @@ static void usage(const char *prog)
                "                            default %s\n"
                "    -o protect=open|writers never evict open files (open, default) or only files open for\n"
                "                            writing (writers)\n"
+               "    -o layout=RT | DIR=RT[:DIR=RT...]\n"
+               "                            the runtime whose cache layout a directory holds (neo, sycl,\n"
+               "                            pocl, triton, jax, cuda, file); default: recognised by markers\n"
+               "    -o tmp_age=SECONDS      a runtime's temporary file older than this is leaked and may go;\n"
+               "                            default 3600\n"
                "    -o index=PATH           SQLite index location; default BACKING_DIR/%s/index.db. Keep it\n"
                "                            on a local disk when BACKING_DIR is on NFS or Lustre\n"
                "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
@@ -186,6 +193,11 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         }
         if (o->timeout < 0)
                 return fail("invalid timeout: must not be negative");
+        if (o->tmp_age < 0)
+                return fail("invalid tmp_age: must not be negative");
+        if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0)
+                return fail("invalid layout '%s': expected RT or DIR=RT[:DIR=RT...] with RT one of neo, sycl, "
+                            "pocl, triton, jax, cuda, file, auto", o->layout_str);
         if (kfs_parse_pins(o->pin_str ? o->pin_str : DEFAULT_PINS, &o->pins) < 0)
                 return fail("out of memory");
 
@@ -366,6 +378,7 @@ int main(int argc, char *argv[])
         int lock_fd = -1, ready_fd = -1, ret = 1;
 
         fs.o.timeout = DEFAULT_TIMEOUT;
+        fs.o.tmp_age = 3600;
         fs.o.flush_ms = 1000;
         if (fuse_opt_parse(&args, &fs.o, kfs_optspec, opt_proc) < 0)
                 return fail("invalid options (see --help)");

@@ -84,4 +84,8 @@ void kfs_free_opts(struct kfs_opts *o)
                 for (char **p = o->pins; *p; p++)
                         free(*p);
         free(o->pins);
+        free(o->layout_str);
+        for (size_t i = 0; i < o->nlayouts; i++)
+                free(o->layouts[i].dir);
+        free(o->layouts);
 }

@@ -1,0 +1,437 @@
+/* units.c: what one eviction removes, per runtime (../shared/docs/runtimes.md).
+ *
+ * Eviction (evict.c) walks files in LRU order. For each file this file answers two questions:
+ *   1. Is it protected? Lock and bookkeeping files never go; in-flight temporary files go only once
+ *      older than tmp_age (a crash leaked them: nobody will finish them).
+ *   2. Which unit does it belong to? The unit is the runtime's logical entry: all of it goes, in the
+ *      runtime's safe order, or none of it. Its recency is its newest member's (evict.c).
+ *
+ *   runtime  recognised by                                   unit, in deletion order
+ *   NEO      <16 hex>.cl_cache / .l0_cache / .ocloc_cache    the file; then config.file is repaired
+ *   SYCL     <n>.bin, <n>.src, <n>_access_time.txt           .bin, .src, _access_time.txt; only while
+ *                                                            <n>.lock is absent; then cache_size.txt
+ *   JAX      <key>-cache, <key>-atime                        -cache, then -atime
+ *   Triton   a 52-char base32 key directory with __grp__*     __grp__*.json, *.json, the rest; only while
+ *                                                            no young tmp.pid_* is in it
+ *   PoCL     <2 chars>/<37-38 chars>/ holding program.bc      program.bc, then every other file below it
+ *   CUDA     the directory holding the driver's `index`      index first, then every file below it
+ *   other    -                                               the file
+ * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
+ * markers cannot recognise (and to turn recognition off: layout=file).
+ *
+ * Everything here reads the backing tree relative to fs->root_fd; nothing here changes it. */
+#include <ctype.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+static const char *base_of(const char *path)
+{
+        const char *s = strrchr(path, '/');
+        return s ? s + 1 : path;
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+        size_t a = strlen(s), b = strlen(suffix);
+        return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static bool all_of(const char *s, size_t n, int (*pred)(int))
+{
+        for (size_t i = 0; i < n; i++)
+                if (!pred((unsigned char)s[i]))
+                        return false;
+        return true;
+}
+
+static int is_base32(int c)
+{
+        return (c >= 'A' && c <= 'Z') || (c >= '2' && c <= '7');
+}
+
+/* Bookkeeping and locks: never evicted, whatever their age. */
+static bool is_bookkeeping(const char *name)
+{
+        static const char *const exact[] = { "config.file", "cache_size.txt", ".lockfile", "stats", "index" };
+        for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
+                if (!strcmp(name, exact[i]))
+                        return true;
+        return ends_with(name, ".lock");
+}
+
+/* In-flight temporary files of the runtimes (and anything under a tmp/ or tmp.pid_* directory). */
+static bool is_temporary(const char *path)
+{
+        const char *name = base_of(path);
+        if (!strncmp(name, "cl_cache.", 9) && strlen(name) == 15)
+                return true; /* NEO's mkstemp("cl_cache.XXXXXX") */
+        if (!strncmp(name, "tempfile-", 9) || !strncmp(name, "tempfile_", 9) || ends_with(name, ".temp"))
+                return true; /* PoCL */
+        for (const char *p = path; *p;) { /* a directory component tmp or tmp.pid_* (Triton, XLA) */
+                size_t l = strcspn(p, "/");
+                if (p[l] == '/' && ((l == 3 && !strncmp(p, "tmp", 3)) || !strncmp(p, "tmp.pid_", 8)))
+                        return true;
+                p += l + (p[l] == '/');
+        }
+        return false;
+}
+
+bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)
+{
+        if (is_bookkeeping(base_of(path)))
+                return true;
+        if (is_temporary(path))
+                return now_ns - atime_ns < (int64_t)(fs->o.tmp_age * 1e9);
+        return false;
+}
+
+/* The forced runtime for path, from -o layout=, or KFS_RT_AUTO. The longest matching prefix wins. */
+static enum kfs_rt forced(const struct kfs *fs, const char *path)
+{
+        enum kfs_rt rt = KFS_RT_AUTO;
+        size_t best = 0;
+        for (size_t i = 0; i < fs->o.nlayouts; i++) {
+                const char *dir = fs->o.layouts[i].dir;
+                size_t l = strlen(dir);
+                bool match = l == 0 || (!strncmp(path, dir, l) && path[l] == '/');
+                if (match && (l >= best || rt == KFS_RT_AUTO)) {
+                        best = l;
+                        rt = fs->o.layouts[i].rt;
+                }
+        }
+        return rt;
+}
+
+static int add_member(struct kfs_unit *u, const char *dir, const char *name)
+{
+        char **m = realloc(u->members, (u->n + 1) * sizeof(*m));
+        if (!m)
+                return -ENOMEM;
+        u->members = m;
+        if (asprintf(&m[u->n], "%s%s%s", dir, *dir ? "/" : "", name) < 0)
+                return -ENOMEM;
+        u->n++;
+        return 0;
+}
+
+static bool exists_at(struct kfs *fs, const char *dir, const char *name)
+{
+        char p[PATH_MAX];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name);
+        return fstatat(fs->root_fd, *p ? p : ".", &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* dir (relative) of path; "" for the root. */
+static char *dir_of(const char *path)
+{
+        const char *s = strrchr(path, '/');
+        return s ? strndup(path, (size_t)(s - path)) : strdup("");
+}
+
+/* The ancestor of dir (itself included, up to levels up) that holds name, or NULL. */
+static char *ancestor_with(struct kfs *fs, const char *dir, const char *name, int levels)
+{
+        char *d = strdup(dir);
+        for (int i = 0; d && i <= levels; i++) {
+                if (exists_at(fs, d, name))
+                        return d;
+                if (!*d)
+                        break;
+                char *s = strrchr(d, '/');
+                if (s)
+                        *s = '\0';
+                else
+                        d[0] = '\0';
+        }
+        free(d);
+        return NULL;
+}
+
+/* Every regular file below dir (relative), recursively, with name-ordering hints. */
+static int add_tree(struct kfs *fs, struct kfs_unit *u, const char *dir, int depth)
+{
+        if (depth > 16)
+                return -ELOOP;
+        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        DIR *d = fdopendir(fd);
+        if (!d) {
+                close(fd);
+                return -errno;
+        }
+        int r = 0;
+        struct dirent *de;
+        while (r == 0 && (de = readdir(d))) {
+                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+                        continue;
+                if (de->d_type == DT_DIR) {
+                        char sub[PATH_MAX];
+                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
+                        r = add_tree(fs, u, sub, depth + 1);
+                } else if (de->d_type == DT_REG) {
+                        r = add_member(u, dir, de->d_name);
+                }
+        }
+        closedir(d);
+        return r;
+}
+
+/* Moves the members whose names satisfy pred to the front, keeping their order. */
+static void to_front(struct kfs_unit *u, bool (*pred)(const char *name))
+{
+        size_t k = 0;
+        for (size_t i = 0; i < u->n; i++)
+                if (pred(base_of(u->members[i]))) {
+                        char *m = u->members[i];
+                        memmove(&u->members[k + 1], &u->members[k], (i - k) * sizeof(char *));
+                        u->members[k++] = m;
+                }
+}
+
+static bool is_grp_json(const char *n)
+{
+        return !strncmp(n, "__grp__", 7) && ends_with(n, ".json");
+}
+
+static bool is_json(const char *n)
+{
+        return ends_with(n, ".json") && !is_grp_json(n);
+}
+
+static bool is_program_bc(const char *n)
+{
+        return !strcmp(n, "program.bc");
+}
+
+static bool is_cuda_index(const char *n)
+{
+        return !strcmp(n, "index");
+}
+
+static bool neo_name(const char *n)
+{
+        const char *dot = strchr(n, '.');
+        return dot && dot - n == 16 && all_of(n, 16, isxdigit) &&
+               (!strcmp(dot, ".cl_cache") || !strcmp(dot, ".l0_cache") || !strcmp(dot, ".ocloc_cache"));
+}
+
+/* SYCL: "<digits>.bin", "<digits>.src", "<digits>_access_time.txt" -> digits length, else 0. */
+static size_t sycl_key(const char *n)
+{
+        size_t k = strspn(n, "0123456789");
+        if (k == 0)
+                return 0;
+        return !strcmp(n + k, ".bin") || !strcmp(n + k, ".src") || !strcmp(n + k, "_access_time.txt") ? k : 0;
+}
+
+/* The Triton key directory containing path: a 52-char base32 component holding a __grp__*.json. */
+static char *triton_dir(struct kfs *fs, const char *path)
+{
+        char *d = dir_of(path);
+        for (int i = 0; d && i < 3 && *d; i++) {
+                const char *b = base_of(d);
+                if (strlen(b) == 52 && all_of(b, 52, is_base32)) {
+                        int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+                        bool grp = false;
+                        struct dirent *de;
+                        while (dd && !grp && (de = readdir(dd)))
+                                grp = is_grp_json(de->d_name);
+                        if (dd)
+                                closedir(dd);
+                        else if (fd >= 0)
+                                close(fd);
+                        if (grp || forced(fs, path) == KFS_RT_TRITON)
+                                return d;
+                }
+                char *s = strrchr(d, '/');
+                if (!s)
+                        break;
+                *s = '\0';
+        }
+        free(d);
+        return NULL;
+}
+
+/* The PoCL program directory containing path: <2 chars>/<37-38 chars>/ holding program.bc. */
+static char *pocl_dir(struct kfs *fs, const char *path)
+{
+        char *d = dir_of(path);
+        for (int i = 0; d && i < 4 && *d; i++) {
+                const char *b = base_of(d);
+                size_t bl = strlen(b);
+                const char *slash = strrchr(d, '/');
+                const char *parent = slash ? slash - 1 : NULL;
+                size_t pl = 0;
+                while (parent && parent >= d && *parent != '/')
+                        parent--, pl++;
+                if ((bl == 37 || bl == 38) && pl == 2 &&
+                    (exists_at(fs, d, "program.bc") || forced(fs, path) == KFS_RT_POCL))
+                        return d;
+                char *s = strrchr(d, '/');
+                if (!s)
+                        break;
+                *s = '\0';
+        }
+        free(d);
+        return NULL;
+}
+
+int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
+{
+        memset(u, 0, sizeof(*u));
+        const char *name = base_of(path);
+        enum kfs_rt f = forced(fs, path);
+        char *dir = dir_of(path);
+        int r = 0;
+        if (!dir)
+                return -ENOMEM;
+        size_t k;
+        char *d;
+
+        if (f == KFS_RT_FILE || is_temporary(path))
+                goto single;
+        if ((f == KFS_RT_AUTO || f == KFS_RT_JAX) && (ends_with(name, "-cache") || ends_with(name, "-atime"))) {
+                u->rt = KFS_RT_JAX;
+                char key[NAME_MAX + 1];
+                snprintf(key, sizeof(key), "%.*s", (int)(strlen(name) - 6), name);
+                char c[NAME_MAX + 8], a[NAME_MAX + 8];
+                snprintf(c, sizeof(c), "%s-cache", key);
+                snprintf(a, sizeof(a), "%s-atime", key);
+                if (exists_at(fs, dir, c))
+                        r = add_member(u, dir, c);
+                if (r == 0 && exists_at(fs, dir, a))
+                        r = add_member(u, dir, a);
+                u->root = dir;
+                return r;
+        }
+        if ((f == KFS_RT_AUTO || f == KFS_RT_SYCL) && (k = sycl_key(name))) {
+                u->rt = KFS_RT_SYCL;
+                char n[32], p[64];
+                snprintf(n, sizeof(n), "%.*s", (int)k, name);
+                snprintf(p, sizeof(p), "%s.lock", n);
+                u->busy = exists_at(fs, dir, p); /* SYCL holds the entry: not now */
+                static const char *const suffix[] = { ".bin", ".src", "_access_time.txt" };
+                for (int i = 0; r == 0 && i < 3; i++) {
+                        snprintf(p, sizeof(p), "%s%s", n, suffix[i]);
+                        if (exists_at(fs, dir, p))
+                                r = add_member(u, dir, p);
+                }
+                u->repair = ancestor_with(fs, dir, "cache_size.txt", 5);
+                u->root = dir;
+                return r;
+        }
+        if ((f == KFS_RT_AUTO || f == KFS_RT_TRITON) && (d = triton_dir(fs, path))) {
+                u->rt = KFS_RT_TRITON;
+                u->root = d;
+                free(dir);
+                r = add_tree(fs, u, d, 0);
+                for (size_t i = 0; r == 0 && i < u->n; i++)
+                        if (is_temporary(u->members[i]))
+                                u->busy = true; /* a store in flight (or leaked: collected alone, when old) */
+                to_front(u, is_json);
+                to_front(u, is_grp_json);
+                return r;
+        }
+        if ((f == KFS_RT_AUTO || f == KFS_RT_POCL) && (d = pocl_dir(fs, path))) {
+                u->rt = KFS_RT_POCL;
+                u->root = d;
+                u->dir_unit = true;
+                free(dir);
+                r = add_tree(fs, u, d, 0);
+                to_front(u, is_program_bc);
+                return r;
+        }
+        if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3)) &&
+            (f == KFS_RT_CUDA || strcmp(d, dir))) {
+                /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not it */
+                u->rt = KFS_RT_CUDA;
+                u->root = d;
+                u->dir_unit = true;
+                free(dir);
+                r = add_tree(fs, u, d, 0);
+                to_front(u, is_cuda_index);
+                return r;
+        }
+        if ((f == KFS_RT_AUTO || f == KFS_RT_NEO) && (neo_name(name) || f == KFS_RT_NEO)) {
+                u->rt = KFS_RT_NEO;
+                u->repair = ancestor_with(fs, dir, "config.file", 2);
+                u->root = dir;
+                return add_member(u, dir, name);
+        }
+single:
+        u->rt = KFS_RT_FILE;
+        u->root = dir;
+        return add_member(u, dir, name);
+}
+
+void kfs_unit_free(struct kfs_unit *u)
+{
+        for (size_t i = 0; i < u->n; i++)
+                free(u->members[i]);
+        free(u->members);
+        free(u->root);
+        free(u->repair);
+        memset(u, 0, sizeof(*u));
+}
+
+const char *kfs_rt_name(enum kfs_rt rt)
+{
+        static const char *const names[] = { [KFS_RT_AUTO] = "auto", [KFS_RT_FILE] = "file", [KFS_RT_NEO] = "neo",
+                                             [KFS_RT_SYCL] = "sycl", [KFS_RT_POCL] = "pocl",
+                                             [KFS_RT_TRITON] = "triton", [KFS_RT_JAX] = "jax", [KFS_RT_CUDA] = "cuda" };
+        return rt < sizeof(names) / sizeof(names[0]) ? names[rt] : "?";
+}
+
+int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n)
+{
+        /* "RT" for the whole mount, or "DIR=RT:DIR=RT..." per subdirectory (relative to the mount). */
+        struct kfs_layout *v = NULL;
+        size_t n = 0;
+        char *copy = strdup(s), *save = NULL;
+        if (!copy)
+                return -ENOMEM;
+        for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+                char *eq = strrchr(tok, '=');
+                const char *rtname = eq ? eq + 1 : tok;
+                enum kfs_rt rt = KFS_RT_AUTO;
+                for (int i = KFS_RT_AUTO; i <= KFS_RT_CUDA; i++)
+                        if (!strcmp(rtname, kfs_rt_name((enum kfs_rt)i)))
+                                rt = (enum kfs_rt)i;
+                if (rt == KFS_RT_AUTO && strcmp(rtname, "auto")) {
+                        free(copy);
+                        free(v);
+                        return -EINVAL;
+                }
+                struct kfs_layout *nv = realloc(v, (n + 1) * sizeof(*nv));
+                if (!nv) {
+                        free(copy);
+                        free(v);
+                        return -ENOMEM;
+                }
+                v = nv;
+                char *dir = eq ? strndup(tok, (size_t)(eq - tok)) : strdup("");
+                while (dir && *dir == '/')
+                        memmove(dir, dir + 1, strlen(dir));
+                for (size_t l = dir ? strlen(dir) : 0; l > 0 && dir[l - 1] == '/'; l--)
+                        dir[l - 1] = '\0';
+                v[n].dir = dir;
+                v[n].rt = rt;
+                n++;
+        }
+        free(copy);
+        *ret = v;
+        *ret_n = n;
+        return 0;
+}
