@@ -169,7 +169,7 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 if (!strncmp(v, "to=", 3)) {
                         if (kfs_parse_size(v + 3, &x) < 0 && strcmp(v + 3, "0"))
                                 return -EINVAL;
-                        r = kfs_evict_to(fs, strcmp(v + 3, "0") ? x : 0);
+                        r = kfs_evict_to(fs, strcmp(v + 3, "0") ? x : 0, false); /* explicit: no grace */
                 } else if (!strncmp(v, "older=", 6)) {
                         char *end;
                         double secs = strtod(v + 6, &end);

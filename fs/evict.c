@@ -33,6 +33,13 @@
  * are the least recently used files by the access sequence (kidx), read through the partial index
  * files_lru in batches: picking k victims among n files costs O(k log n), never a scan.
  *
+ * GRACE. A runtime reads an entry in several opens (Triton: the group json, then the binary it names;
+ * PoCL: the program, then its kernels). Between two of them no file is open, so an entry accessed within
+ * the last grace_ms (default 200 ms) is not chosen: the LRU walk stops at the first such file. Only a
+ * request that cannot fit otherwise goes on past it (a cache smaller than what is written within the
+ * grace period), since failing that write would break the runtime for sure. An operator's explicit
+ * eviction (kcache evict) does not wait for the grace period either; open and pinned files still stay.
+ *
  * WHAT IS NEVER EVICTED. Pinned files (the index's pinned flag, or a name matching a pin pattern), files
  * open for writing (and so the file being written), and, by default, every file open at all: a runtime
  * that has probed a file must be able to read it. With -o protect=writers, files open only for reading
@@ -61,6 +68,10 @@
  * gone (stat: ENOENT; open with O_CREAT: a new file). Open handles are unaffected. Since the kernel may
  * keep such an inode cached for long, its O_PATH fd is re-pointed at an anonymous placeholder so that the
  * backing filesystem frees the blocks now, not when the kernel gets round to forgetting it.
+ *
+ * INODE REUSE. Files are keyed by inode number, and a filesystem such as ext4 gives a freed number to the
+ * next new file at once. So every removal keeps an O_PATH fd on the removed inode until the index has
+ * been told: a file created meanwhile cannot get its number and have its own entry dropped with the old.
  *
  * CRASHES. Eviction unlinks first and records second. A crash in between leaves index rows for files that
  * are gone; the next mount sees the unclean flag and reconciles with the tree, so nothing is lost and
@@ -99,6 +110,7 @@ struct victim {
         uint64_t bytes;
         struct name *names;
         size_t nnames;
+        int hold;     /* O_PATH fd kept on the removed inode until the index has been told (INODE REUSE) */
 };
 
 /* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
@@ -322,9 +334,10 @@ static int load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
 /* Turns a resolved multi-file unit into victims, if it may go now: 1 if taken, 0 if not (yet), -errno.
  * row_seq: the LRU position reached; the unit waits until that is its newest member (its recency). */
 static int take_unit(struct kfs *fs, struct dircache *dc, struct kfs_unit *u, uint64_t row_seq, struct seen *sn,
-                     struct victims *vs)
+                     bool grace, struct victims *vs)
 {
         size_t first = vs->n;
+        int64_t grace_cut = grace ? kfs_now_ns() - (int64_t)fs->o.grace_ms * 1000000 : INT64_MAX;
         uint64_t newest = 0;
         int r = 0;
         for (size_t i = 0; i < u->n && r == 0; i++) {
@@ -347,9 +360,13 @@ static int take_unit(struct kfs *fs, struct dircache *dc, struct kfs_unit *u, ui
                 }
                 if (known && f.seq > newest)
                         newest = f.seq;
+                if (known && f.atime_ns > grace_cut) {
+                        sn->done = true; /* in use right now (GRACE) */
+                        goto undo;
+                }
                 struct name *nm = calloc(1, sizeof(*nm));
                 struct victim v = { .ino = st.st_ino, .bytes = known ? f.bytes : (uint64_t)st.st_blocks * 512,
-                                    .names = nm, .nnames = 1 };
+                                    .names = nm, .nnames = 1, .hold = -1 };
                 if (!nm || !(nm->name = strdup(slash ? slash + 1 : p)) || !(nm->path = strdup(p))) {
                         free_names(nm, nm ? 1 : 0);
                         r = -ENOMEM;
@@ -383,7 +400,7 @@ undo:
 /* Chooses units in LRU order, from *cursor on, until goal bytes or max_victims files are covered or the
  * LRU runs out; *cursor advances past what was looked at. */
 static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
-                  struct victims *vs)
+                  bool grace, struct victims *vs)
 {
         struct kidx_lru_row rows[LRU_BATCH];
         struct seen_set ss = { 0 };
@@ -397,13 +414,17 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                         break;
                 }
                 for (int i = 0; r == 0 && i < n && vs->bytes < goal && vs->n < max_victims; i++) {
+                        if (grace && rows[i].atime_ns > now - (int64_t)fs->o.grace_ms * 1000000) {
+                                n = -1; /* LRU order is time order: everything from here on is recent (GRACE) */
+                                break;
+                        }
                         after = rows[i].seq;
                         pthread_mutex_lock(&fs->itable_lock);
                         bool open = is_open(fs, rows[i].ino);
                         pthread_mutex_unlock(&fs->itable_lock);
                         if (open)
                                 continue;
-                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes };
+                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes, .hold = -1 };
                         r = load_candidate(fs, dc, &v);
                         const char *path = v.nnames ? v.names[0].path : NULL;
                         struct kfs_unit u = { 0 };
@@ -426,16 +447,20 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                         }
                         free_names(v.names, v.nnames);
                         char key[PATH_MAX + 16];
-                        snprintf(key, sizeof(key), "%d:%s", u.rt, u.rt == KFS_RT_SYCL || u.rt == KFS_RT_JAX
-                                                                      ? (u.n ? u.members[0] : u.root) : u.root);
+                        /* A directory unit is its directory; a unit of files in a shared directory (NEO, SYCL,
+                         * JAX) is its first member. */
+                        bool by_dir = u.dir_unit || u.rt == KFS_RT_TRITON;
+                        snprintf(key, sizeof(key), "%d:%s", u.rt, by_dir || !u.n ? u.root : u.members[0]);
                         struct seen *sn = seen_get(&ss, key);
                         if (!sn)
                                 r = -ENOMEM;
                         else if (!sn->done && !u.busy && (sn->newest == 0 || rows[i].seq >= sn->newest))
-                                r = take_unit(fs, dc, &u, rows[i].seq, sn, vs);
+                                r = take_unit(fs, dc, &u, rows[i].seq, sn, grace, vs);
                         r = r < 0 ? r : 0;
                         kfs_unit_free(&u);
                 }
+                if (n < 0)
+                        break;
         }
         seen_free(&ss);
         *cursor = after;
@@ -480,12 +505,22 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
         size_t removed = 0;
         for (size_t i = 0; i < v->nnames; i++) {
                 struct stat st;
-                if (dirfds[i] < 0 || fstatat(dirfds[i], v->names[i].name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                if (dirfds[i] < 0)
                         continue;
-                if (st.st_ino != v->ino)
-                        continue; /* the index is stale for this name: never remove another file */
-                if (unlinkat(dirfds[i], v->names[i].name, 0) < 0)
+                int fd = openat(dirfds[i], v->names[i].name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                if (fd < 0 || fstat(fd, &st) < 0 || st.st_ino != v->ino) {
+                        if (fd >= 0)
+                                close(fd); /* the index is stale for this name: never remove another file */
                         continue;
+                }
+                if (unlinkat(dirfds[i], v->names[i].name, 0) < 0) {
+                        close(fd);
+                        continue;
+                }
+                if (v->hold < 0)
+                        v->hold = fd;
+                else
+                        close(fd);
                 removed++;
                 struct stat ds;
                 if (fstat(dirfds[i], &ds) == 0)
@@ -500,6 +535,9 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                 if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
                         /* the blocks then stay allocated until the kernel forgets the inode */
                 }
+                /* The backing filesystem may now give this inode number to a new file: lookups must
+                 * find that file, not this stale inode, which lives on (detached) until it is forgotten. */
+                kmap_del(&fs->itable, in->bino);
                 note_inode(fs, nl, in);
         }
         return removed;
@@ -558,6 +596,12 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                 kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, now);
                 freed += v->bytes;
         }
+        for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
+                struct victim *v = &vs->v[u->first + k];
+                if (v->hold >= 0)
+                        close(v->hold);
+                v->hold = -1;
+        }
         free(removed);
         return freed;
 }
@@ -568,7 +612,7 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
         struct stat st, ds;
         if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || fstat(dirfd, &ds) < 0)
                 return;
-        struct victim v = { .ino = st.st_ino };
+        struct victim v = { .ino = st.st_ino, .hold = -1 };
         struct name nm = { .dir = ds.st_ino, .name = (char *)name };
         v.names = &nm;
         v.nnames = 1;
@@ -582,6 +626,8 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
                         kidx_del_file(fs->idx, st.st_ino,
                                       kidx_get_file(fs->idx, st.st_ino, &f) == 0 ? f.bytes : (uint64_t)st.st_blocks * 512);
         }
+        if (v.hold >= 0)
+                close(v.hold);
 }
 
 /* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
@@ -647,11 +693,13 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
  * walk at *cursor. If they cannot cover must_free, removes nothing and fails with -ENOSPC (ALL OR
  * NOTHING). Returns the bytes freed. */
 static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
-                           struct notify_list *nl)
+                           bool grace, struct notify_list *nl)
 {
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
-        int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, &vs);
+        int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, grace, &vs);
+        if (r == 0 && vs.bytes < must_free) /* GRACE yields to a request that cannot fit otherwise */
+                r = choose(fs, &dc, must_free, max_victims, cursor, false, &vs);
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)
                 freed = r < 0 ? r : -ENOSPC;
@@ -666,14 +714,14 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
 
 /* Evicts down to target in batches of BATCH_VICTIMS, taking evict_lock for one batch at a time so that
  * no writer waits longer than one batch (COST). Continues the LRU walk at *cursor. */
-static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor)
+static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace)
 {
         int64_t total = 0;
         for (;;) {
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->evict_lock);
                 uint64_t used = kidx_used(fs->idx);
-                int64_t freed = used > target ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, &nl) : 0;
+                int64_t freed = used > target ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl) : 0;
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -724,7 +772,7 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         if (!ok) {
                 r = kidx_flush(fs->idx); /* the order must reflect every access up to now */
                 uint64_t must = used + reserved + bytes - fs->o.max_size;
-                int64_t freed = r < 0 ? r : evict_batch(fs, &cursor, must, must, SIZE_MAX, &nl);
+                int64_t freed = r < 0 ? r : evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl);
                 if (freed < 0)
                         r = (int)freed;
                 pthread_mutex_lock(&fs->space_lock);
@@ -739,24 +787,28 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
 
         /* Then, with this request served and other writers free to go, on down to the low watermark. */
         if (evicted)
-                evict_down_to(fs, low_watermark_bytes(fs), &cursor);
+                evict_down_to(fs, low_watermark_bytes(fs), &cursor, true);
         return r;
 }
 
-void kfs_space_release(struct kfs *fs, uint64_t bytes)
+void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *st, uint64_t reserved)
 {
+        /* One step under space_lock: between accounting the real allocation and releasing the promise,
+         * the bytes would count twice, and a concurrent check could refuse a request for nothing. */
         pthread_mutex_lock(&fs->space_lock);
-        fs->reserved = fs->reserved > bytes ? fs->reserved - bytes : 0;
+        if (st)
+                kfs_inode_account_locked(fs, in, st);
+        fs->reserved = fs->reserved > reserved ? fs->reserved - reserved : 0;
         pthread_mutex_unlock(&fs->space_lock);
 }
 
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target)
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
 {
         int r = kidx_flush(fs->idx);
         if (r < 0)
                 return r;
         uint64_t cursor = 0;
-        return evict_down_to(fs, target, &cursor);
+        return evict_down_to(fs, target, &cursor, grace);
 }
 
 int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
@@ -782,7 +834,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
                 struct notify_list nl = { 0 };
                 uint64_t c = cursor;
                 pthread_mutex_lock(&fs->evict_lock);
-                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, &nl);
+                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl); /* an operator's request */
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -797,7 +849,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
 int kfs_evict_ino(struct kfs *fs, uint64_t ino)
 {
         /* The file's whole unit goes (a SYCL entry, a PoCL program...), with every protection. */
-        struct victim v = { .ino = ino };
+        struct victim v = { .ino = ino, .hold = -1 };
         struct kidx_file f;
         int r = kidx_get_file(fs->idx, ino, &f);
         if (r < 0)
@@ -831,7 +883,7 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 }
         } else if (r == 0) {
                 struct seen sn = { 0 };
-                r = take_unit(fs, &dc, &u, UINT64_MAX, &sn, &vs);
+                r = take_unit(fs, &dc, &u, UINT64_MAX, &sn, false, &vs);
                 r = r == 1 ? 0 : r == 0 ? -EBUSY : r; /* 0: a member is open or pinned */
         }
         if (r == 0) {
@@ -863,6 +915,6 @@ int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)
         /* The backing filesystem is full before our limit: free this request plus the watermark's margin. */
         uint64_t used = kidx_used(fs->idx), margin = fs->o.max_size - low_watermark_bytes(fs);
         uint64_t want = bytes > margin ? bytes : margin;
-        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0);
+        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0, true);
         return r < 0 ? (int)r : 0;
 }

@@ -9,7 +9,10 @@
  *  T2. The kernel never forgets an inode with open files, so readers/writers > 0 implies it is in the
  *      table; eviction reads those counts under itable_lock to decide what is open.
  *  T3. alloc equals the index's bytes for this file, so kidx_set_bytes(old = alloc) keeps the used total
- *      exact; only kfs_inode_account_locked() changes it. */
+ *      exact; only kfs_inode_account_locked() changes it.
+ *  T4. An evicted inode is removed from the table at once (its backing inode number may be reused by a
+ *      new file) but freed only when the kernel forgets it; unref deletes only its own table entry.
+ *      So T1 holds for inodes that are not evicted. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -133,7 +136,7 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
         pthread_mutex_lock(&fs->itable_lock);
         in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
         bool gone = in->nlookup == 0;
-        if (gone)
+        if (gone && kmap_get(&fs->itable, in->bino) == in) /* an evicted inode is already detached (T4) */
                 kmap_del(&fs->itable, in->bino);
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {

@@ -75,6 +75,7 @@ struct kfs_opts {
         struct kfs_layout *layouts;
         size_t nlayouts;
         double tmp_age;           /* seconds after which a runtime's temporary file counts as leaked */
+        unsigned grace_ms;        /* files accessed this recently are never evicted */
         int show_help, show_version;
 };
 
@@ -167,9 +168,12 @@ void kfs_inode_table_free(struct kfs *fs);
 /* evict.c */
 /* Promises bytes of new allocation; evicts first if the limit would be crossed. -ENOSPC if it cannot. */
 int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
-void kfs_space_release(struct kfs *fs, uint64_t bytes);
-/* Evicts least recently used files until used <= target. Returns bytes freed or -errno. */
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target);
+/* After an allocating operation (in->lock held): accounts st (if not NULL) and releases the reservation,
+ * atomically for anyone checking space. */
+void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *st, uint64_t reserved);
+/* Evicts least recently used files until used <= target (sparing recently used ones if grace). Returns
+ * bytes freed or -errno. */
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace);
 /* Evicts, in LRU order, every unprotected file last accessed before cutoff_ns. Returns bytes freed. */
 int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns);
 /* Evicts one file now. -EBUSY: open; -EPERM: pinned; -ENOENT: not in the cache. */

@@ -323,12 +323,18 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
                 fuse_reply_err(req, ENOENT);
                 return;
         }
-        if (fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || unlinkat(dir->fd, name, 0) < 0) {
-                fuse_reply_err(req, errno);
+        /* Hold the inode until the index is told, so that its number cannot go to a new file meanwhile. */
+        int hold = openat(dir->fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (hold < 0 || fstat(hold, &st) < 0 || unlinkat(dir->fd, name, 0) < 0) {
+                int e = errno;
+                if (hold >= 0)
+                        close(hold);
+                fuse_reply_err(req, e);
                 return;
         }
         kidx_del_dent(fs->idx, dir->bino, name);
         forget_name_of_file(fs, &st);
+        close(hold);
         fuse_reply_err(req, 0);
 }
 
@@ -367,19 +373,27 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 fuse_reply_err(req, errno);
                 return;
         }
-        bool replaced = !exchange && fstatat(nd->fd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
+        /* A replaced target is held until the index is told (see kfs_op_unlink). */
+        int hold = exchange ? -1 : openat(nd->fd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        bool replaced = hold >= 0 && fstat(hold, &dst) == 0;
         if (syscall(SYS_renameat2, od->fd, name, nd->fd, newname, flags) < 0) {
-                fuse_reply_err(req, errno);
+                int e = errno;
+                if (hold >= 0)
+                        close(hold);
+                fuse_reply_err(req, e);
                 return;
         }
         /* Renaming a name onto another link of the same file changes nothing (POSIX). */
         if (replaced && dst.st_ino == src.st_ino) {
+                close(hold);
                 fuse_reply_err(req, 0);
                 return;
         }
         if (replaced)
                 forget_name_of_file(fs, &dst); /* the rename op drops the target's dent itself */
         kidx_rename(fs->idx, od->bino, name, nd->bino, newname, exchange);
+        if (hold >= 0)
+                close(hold);
         fuse_reply_err(req, 0);
 }
 

@@ -242,11 +242,9 @@ static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct 
         if (est || res < 0) {
                 struct stat st;
                 pthread_mutex_lock(&in->lock);
-                if (fstat(op->fd, &st) == 0)
-                        kfs_inode_account_locked(fs, in, &st);
+                bool ok = fstat(op->fd, &st) == 0;
+                kfs_space_settle(fs, in, ok ? &st : NULL, est);
                 pthread_mutex_unlock(&in->lock);
-                if (est)
-                        kfs_space_release(fs, est);
         }
         return res;
 }

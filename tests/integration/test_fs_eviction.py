@@ -28,7 +28,8 @@ def read_file(path):
 def test_evicts_exactly_the_least_recently_used(kfs):
     # 10 files of 64 KiB, then read in a scripted order; a 512 KiB write needs room. With the low
     # watermark at 30% of 1 MiB, eviction must go down to 307.2 KiB: six victims, the first six read.
-    m = kfs({"max_size": "1M", "low_watermark": "30"})
+    # (grace_ms=0: this checks the LRU order itself; test_grace_* checks the grace period.)
+    m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "0"})
     make_files(m, 10, 64 * K)
     order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
     for i in order:
@@ -227,3 +228,24 @@ def test_sigkill_during_writes_then_remount_is_consistent(kfs):
         assert rows == backing_files(m.backing)
         m.start()
         assert "rebuilt" not in m.stderr  # a clean stop needs no rescan
+
+
+def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
+    # Same scene with the default grace period (200 ms): the write frees what it needs (2 files, LRU
+    # first), but the watermark eviction stops at files used within the grace period.
+    m = kfs({"max_size": "1M", "low_watermark": "30"})
+    make_files(m, 10, 64 * K)
+    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
+    for i in order:
+        read_file(m.path(f"f{i}"))
+    with open(m.path("big"), "wb") as f:
+        f.write(b"B" * 512 * K)
+    gone = {i for i in range(10) if not os.path.exists(m.path(f"f{i}"))}
+    assert gone == set(order[:2])
+    # Once they are older than the grace period, the next eviction goes on down to the watermark in LRU
+    # order: the eight small files, then big (512 KiB), which brings 1 MiB down to the new file alone.
+    time.sleep(0.3)
+    with open(m.path("big2"), "wb") as f:
+        f.write(b"C" * 64 * K)
+    assert os.listdir(m.mnt) == ["big2"]
+    assert m.used() == 64 * K

@@ -1,0 +1,420 @@
+"""Each runtime's store / load sequence (syscall by syscall, from runtimes.md), replayed by several processes
+under a limit small enough that eviction runs the whole time, with that runtime's invariants checked.
+
+Every worker returns (stores, loads, hits, violations); a violation is something the real runtime would
+have failed on because of kcachefs."""
+import base64
+import errno
+import fcntl
+import hashlib
+import multiprocessing as mp
+import os
+import random
+import struct
+import subprocess
+import time
+
+import pytest
+
+from conftest import backing_files
+from test_cli_kcache import kcache
+
+K = 1024
+DURATION = 3.0
+WORKERS = 4
+
+
+def payload(key, size):
+    h = hashlib.sha256(str(key).encode()).digest()
+    return (h * (size // 32 + 1))[:size]
+
+
+def run_workers(target, mnt, nkeys):
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    stop_at = time.monotonic() + DURATION
+    procs = [ctx.Process(target=target, args=(mnt, w, nkeys, stop_at, q)) for w in range(WORKERS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    res = [q.get(timeout=10) for _ in procs]
+    stores = sum(r[0] for r in res)
+    loads = sum(r[1] for r in res)
+    hits = sum(r[2] for r in res)
+    violations = [v for r in res for v in r[3]]
+    return stores, loads, hits, violations
+
+
+def index_matches_tree(m):
+    """After the run: every file on disk is in the index with its size, and nothing else is."""
+    assert "matches" in kcache("verify", m.mnt).stdout
+    m.stop()
+    assert m.index_rows() == backing_files(m.backing)
+
+
+def evicted(m):
+    return int(os.getxattr(m.mnt, "user.kcachefs.evicted_files"))
+
+
+def spin_lock(path, deadline=5.0):
+    """SYCL's only mutual exclusion: create <x>.lock with O_CREAT|O_EXCL; spin while it exists."""
+    end = time.monotonic() + deadline
+    while True:
+        try:
+            return os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o200)
+        except FileExistsError:
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.0005)
+
+
+# ---------------------------------------------------------------- NEO
+NEO_LIMIT = 64 << 20  # NEO's own limit, far above the cache's: NEO refuses only if its count is wrong
+
+
+def neo_count(root):
+    total = 0
+    for dp, _, fns in os.walk(root):
+        total += sum(os.path.getsize(os.path.join(dp, f)) for f in fns if f.endswith("_cache"))
+    return total
+
+
+def neo_worker(mnt, wid, nkeys, stop_at, q):
+    rnd = random.Random(wid)
+    root = os.path.join(mnt, "neo")
+    stores = loads = hits = 0
+    bad = []
+    while time.monotonic() < stop_at:
+        key = rnd.randrange(nkeys)
+        h = f"{key * 2654435761 % (1 << 64):016x}"
+        target = os.path.join(root, h[0], h[1], h + ".cl_cache")
+        data = payload(key, 20 * K + (key % 7) * K)
+        if rnd.random() < 0.5:  # load: plain open/read; missing is a miss
+            loads += 1
+            try:
+                with open(target, "rb") as f:
+                    got = f.read()
+                hits += 1
+                if got != data:
+                    bad.append(f"torn load {target}")
+            except FileNotFoundError:
+                pass
+            continue
+        stores += 1
+        cfg = os.path.join(root, "config.file")
+        try:
+            fd = os.open(cfg, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o664)
+            created = True
+        except FileExistsError:
+            fd, created = os.open(cfg, os.O_RDWR), False
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if created:  # NEO recounts only when it creates the file
+            os.pwrite(fd, struct.pack("=Q", neo_count(root)), 0)
+        raw = os.pread(fd, 8, 0)
+        size = struct.unpack("=Q", raw)[0] if len(raw) == 8 else 0
+        if not os.path.exists(target):
+            if size + len(data) > NEO_LIMIT:
+                bad.append(f"NEO would refuse: its count says {size}, the directory holds {neo_count(root)}")
+            tfd, tmp = -1, None
+            while tfd < 0:
+                tmp = os.path.join(root, "cl_cache." + "".join(rnd.choice("abcdefXYZ0123") for _ in range(6)))
+                try:
+                    tfd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                except FileExistsError:
+                    pass
+            os.pwrite(tfd, data, 0)
+            os.close(tfd)
+            os.makedirs(os.path.dirname(target), 0o775, exist_ok=True)
+            os.rename(tmp, target)
+            os.pwrite(fd, struct.pack("=Q", size + len(data)), 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    q.put((stores, loads, hits, bad))
+
+
+def test_neo_never_refuses_and_its_size_file_stays_honest(kfs):
+    m = kfs({"max_size": "1M", "tmp_age": "3600"})
+    os.makedirs(m.path("neo"))
+    stores, loads, hits, bad = run_workers(neo_worker, m.mnt, 200)
+    assert not bad, bad[:5]
+    assert stores > 100 and hits > 10 and evicted(m) > 20
+    # One more eviction batch runs the repairs still pending, then the count must be honest.
+    kcache("evict", m.mnt, "--to", str(max(m.used() - 64 * K, 0)))
+    cfg = m.path("neo", "config.file")
+    if os.path.exists(cfg):
+        with open(cfg, "rb") as f:
+            assert struct.unpack("=Q", f.read(8))[0] == neo_count(m.path("neo"))
+    assert m.used() <= 1 << 20
+    index_matches_tree(m)
+
+
+# ---------------------------------------------------------------- SYCL
+SYCL_MAX = 64 << 20
+
+
+def sycl_worker(mnt, wid, nkeys, stop_at, q):
+    rnd = random.Random(wid)
+    root = os.path.join(mnt, "sycl")
+    stores = loads = hits = 0
+    bad = []
+    while time.monotonic() < stop_at:
+        key = rnd.randrange(nkeys)
+        d = os.path.join(root, "dev0", f"img{key % 13}", "spec0", f"opt{key % 5}")
+        n = str(key % 3)
+        src_key = f"source-of-{key}".encode()
+        data = payload(key, 16 * K + (key % 5) * K)
+        p = lambda s: os.path.join(d, n + s)
+        if rnd.random() < 0.5:  # load
+            loads += 1
+            if os.path.exists(p(".lock")):
+                continue
+            try:
+                with open(p(".src"), "rb") as f:
+                    if f.read() != src_key:
+                        continue  # another key in this slot: a miss
+                with open(p(".bin"), "rb") as f:
+                    got = f.read()
+            except FileNotFoundError:
+                continue  # .bin missing with .src present: a clean miss
+            if os.path.exists(p(".lock")):
+                continue  # a store started meanwhile: SYCL's own race, not ours
+            hits += 1
+            if got != data:
+                bad.append(f"torn hit {p('.bin')}: {len(got)} bytes")
+            continue
+        stores += 1
+        os.makedirs(d, exist_ok=True)
+        lk = spin_lock(p(".lock"))
+        if lk is None:
+            bad.append(f"stale {p('.lock')}: SYCL would spin forever")
+            continue
+        for suffix, content in ((".bin", data), (".src", src_key), ("_access_time.txt", str(time.time_ns()).encode())):
+            with open(p(suffix), "wb") as f:  # in place, O_TRUNC, no rename
+                f.write(content)
+        os.close(lk)
+        os.unlink(p(".lock"))
+        # cache_size.txt under its own lock file
+        cs = os.path.join(root, "cache_size.txt")
+        lk = spin_lock(cs + ".lock")
+        if lk is None:
+            bad.append("stale cache_size.txt.lock")
+            continue
+        try:
+            with open(cs) as f:
+                text = f.read()
+            if not text.strip().isdigit():
+                bad.append(f"cache_size.txt is not a number: {text!r}")
+                text = "0"
+            size = int(text)
+        except FileNotFoundError:
+            size = sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fns in os.walk(root)
+                       for f in fns if f.endswith(".bin"))
+        size += len(data)
+        if size > SYCL_MAX:
+            bad.append(f"SYCL would wipe its cache: cache_size.txt says {size}")
+        with open(cs, "w") as f:
+            f.write(str(size))
+        os.close(lk)
+        os.unlink(cs + ".lock")
+    q.put((stores, loads, hits, bad))
+
+
+def test_sycl_never_wipes_and_never_serves_a_torn_entry(kfs):
+    m = kfs({"max_size": "1M"})
+    os.makedirs(m.path("sycl"))
+    stores, loads, hits, bad = run_workers(sycl_worker, m.mnt, 120)
+    assert not bad, bad[:5]
+    assert stores > 100 and hits > 10 and evicted(m) > 10
+    # Entries are whole or gone: never a .bin without its .src or access time.
+    for dp, _, fns in os.walk(m.path("sycl")):
+        for f in fns:
+            if f.endswith(".bin"):
+                n = f[:-4]
+                assert n + ".src" in fns and n + "_access_time.txt" in fns, os.path.join(dp, f)
+            assert not f.endswith(".lock"), f"stale lock {f}"
+    index_matches_tree(m)
+
+
+# ---------------------------------------------------------------- JAX
+def jax_worker(mnt, wid, nkeys, stop_at, q):
+    rnd = random.Random(wid)
+    root = os.path.join(mnt, "jax")
+    stores = loads = hits = 0
+    bad = []
+    lockfd = os.open(os.path.join(root, ".lockfile"), os.O_RDWR | os.O_CREAT, 0o644)
+    while time.monotonic() < stop_at:
+        key = rnd.randrange(nkeys)
+        c = os.path.join(root, f"jit_fn{key}-{hashlib.sha256(str(key).encode()).hexdigest()}-cache")
+        a = c[:-6] + "-atime"
+        data = payload(key, 24 * K + (key % 3) * K)
+        # py-filelock: flock LOCK_EX|LOCK_NB, polled
+        while True:
+            try:
+                fcntl.flock(lockfd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                time.sleep(0.0005)
+        try:
+            if rnd.random() < 0.5:
+                loads += 1
+                if os.path.exists(c):
+                    if not os.path.exists(a):
+                        bad.append(f"{c} without its -atime: every later put fails")
+                    else:
+                        with open(c, "rb") as f:
+                            hits += f.read() == data
+                        with open(a, "wb") as f:
+                            f.write(struct.pack("<q", time.time_ns()))
+            else:
+                stores += 1
+                with open(c, "wb") as f:
+                    f.write(data)
+                with open(a, "wb") as f:
+                    f.write(struct.pack("<q", time.time_ns()))
+        finally:
+            fcntl.flock(lockfd, fcntl.LOCK_UN)
+    os.close(lockfd)
+    q.put((stores, loads, hits, bad))
+
+
+def test_jax_never_has_a_cache_without_its_atime(kfs):
+    m = kfs({"max_size": "1M"})
+    os.makedirs(m.path("jax"))
+    stores, loads, hits, bad = run_workers(jax_worker, m.mnt, 100)
+    assert not bad, bad[:5]
+    assert stores > 50 and hits > 10 and evicted(m) > 10
+    names = set(os.listdir(m.path("jax")))
+    for n in names:
+        if n.endswith("-cache"):
+            assert n[:-6] + "-atime" in names
+    assert ".lockfile" in names  # bookkeeping is never evicted
+    index_matches_tree(m)
+
+
+# ---------------------------------------------------------------- Triton
+def triton_key(key):
+    return base64.b32encode(hashlib.sha256(str(key).encode()).digest()).decode().rstrip("=")[:52]
+
+
+def triton_worker(mnt, wid, nkeys, stop_at, q):
+    rnd = random.Random(wid)
+    root = os.path.join(mnt, "triton")
+    stores = loads = hits = 0
+    bad = []
+    probe_races = []
+    import json
+    import uuid
+    while time.monotonic() < stop_at:
+        key = rnd.randrange(nkeys)
+        kd = os.path.join(root, triton_key(key))
+        os.makedirs(kd, exist_ok=True)  # on every lookup: misses leave empty directories
+        grp, meta, cubin = (os.path.join(kd, n) for n in ("__grp__kern.json", "kern.json", "kern.cubin"))
+        if os.path.exists(grp) and os.path.exists(meta):  # Triton's hit test: the json files alone
+            loads += 1
+            try:
+                with open(grp) as f:
+                    children = json.load(f)["child_paths"]
+            except FileNotFoundError:
+                # Gone between exists() and open(): Triton's check-then-open race, which any deletion
+                # (a user's rm too) can hit. The state stayed consistent (no group, no binary); counted.
+                probe_races.append(grp)
+                continue
+            except (ValueError, KeyError):
+                continue  # a json being replaced: Triton's own race
+            try:
+                with open(children["kern.cubin"], "rb") as f:
+                    if f.read() == payload(key, 30 * K):
+                        hits += 1
+            except FileNotFoundError as e:
+                bad.append(f"KeyError: group json read, binary gone: {e.filename}")
+            continue
+        stores += 1
+        tmp = os.path.join(kd, f"tmp.pid_{os.getpid()}_{uuid.uuid4().hex}")
+        try:
+            os.mkdir(tmp)
+            for name, content in (("kern.cubin", payload(key, 30 * K)), ("kern.json", b'{"name": "kern"}'),
+                                  ("__grp__kern.json",
+                                   json.dumps({"child_paths": {"kern.cubin": cubin, "kern.json": meta}}).encode())):
+                with open(os.path.join(tmp, name), "wb") as f:
+                    f.write(content)
+                os.replace(os.path.join(tmp, name), os.path.join(kd, name))
+            try:
+                os.removedirs(tmp)  # the second rmdir (the key directory) must fail: ENOTEMPTY
+            except OSError:
+                pass
+        except FileNotFoundError as e:
+            bad.append(f"store failed: {e.filename} vanished")
+    print(f"triton worker {wid}: {len(probe_races)} exists-then-open races on the group file", flush=True)
+    q.put((stores, loads, hits, bad))
+
+
+def test_triton_never_finds_json_without_binaries(kfs):
+    m = kfs({"max_size": "1M"})
+    os.makedirs(m.path("triton"))
+    stores, loads, hits, bad = run_workers(triton_worker, m.mnt, 80)
+    assert not bad, bad[:5]
+    assert stores > 30 and hits > 10 and evicted(m) > 10
+    index_matches_tree(m)
+
+
+# ---------------------------------------------------------------- PoCL
+def pocl_dirs(key):
+    h = hashlib.sha1(str(key).encode()).hexdigest() + "abcdefghijklmnop"
+    return h[:2], h[2:39]
+
+
+def pocl_worker(mnt, wid, nkeys, stop_at, q):
+    rnd = random.Random(wid)
+    root = os.path.join(mnt, "pocl")
+    stores = loads = hits = 0
+    bad = []
+    # program.bc is written last: its presence says the directory is complete (eviction removes it first)
+    files = ["build.log", "last_accessed", "kern/0-0-0/kern.so", "kern2/0-0-0/kern2.so", "program.bc"]
+    while time.monotonic() < stop_at:
+        key = rnd.randrange(nkeys)
+        a, b = pocl_dirs(key)
+        pd = os.path.join(root, a, b)
+        try:
+            fd = os.open(os.path.join(pd, "program.bc"), os.O_RDONLY)  # PoCL looks the program up
+        except FileNotFoundError:
+            fd = -1
+        if fd >= 0:
+            loads += 1
+            try:
+                for f in files[:-1]:  # with the program open, the rest of its directory must be there
+                    with open(os.path.join(pd, f), "rb") as g:
+                        g.read()
+                hits += 1
+            except FileNotFoundError as e:
+                bad.append(f"half a program directory: {e.filename}")
+            os.close(fd)
+            continue
+        stores += 1
+        for f in files:
+            path = os.path.join(pd, f)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            t = os.path.join(root, f"tempfile-{os.getpid()}-{rnd.randrange(1 << 30)}")
+            tfd = os.open(t, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.write(tfd, payload((key, f), 6 * K))
+            os.fdatasync(tfd)
+            os.close(tfd)
+            os.rename(t, path)  # across directories, sometimes over an existing file
+    q.put((stores, loads, hits, bad))
+
+
+def test_pocl_never_sees_half_a_program_directory(kfs):
+    m = kfs({"max_size": "1M"})
+    os.makedirs(m.path("pocl"))
+    stores, loads, hits, bad = run_workers(pocl_worker, m.mnt, 60)
+    assert not bad, bad[:5]
+    assert stores > 20 and hits > 10 and evicted(m) > 10
+    # Every program directory left is whole or empty.
+    for a in os.listdir(m.path("pocl")):
+        if a.startswith("tempfile"):
+            continue
+        for b in os.listdir(m.path("pocl", a)):
+            pd = m.path("pocl", a, b)
+            present = [f for f in ("program.bc", "build.log", "kern/0-0-0/kern.so") if os.path.exists(os.path.join(pd, f))]
+            assert len(present) in (0, 3) or not os.path.exists(os.path.join(pd, "program.bc")), (pd, present)
+    index_matches_tree(m)
