@@ -33,12 +33,13 @@
  * are the least recently used files by the access sequence (kidx), read through the partial index
  * files_lru in batches: picking k victims among n files costs O(k log n), never a scan.
  *
- * GRACE. A runtime reads an entry in several opens (Triton: the group json, then the binary it names;
- * PoCL: the program, then its kernels). Between two of them no file is open, so an entry accessed within
- * the last grace_ms (default 200 ms) is not chosen: the LRU walk stops at the first such file. Only a
- * request that cannot fit otherwise goes on past it (a cache smaller than what is written within the
- * grace period), since failing that write would break the runtime for sure. An operator's explicit
- * eviction (kcache evict) does not wait for the grace period either; open and pinned files still stay.
+ * GRACE. A runtime uses an entry in several steps with no file open in between (Triton: the group json,
+ * then the binary it names; PoCL: program.bc at clBuildProgram, then each kernel's .so, linked by another
+ * process, at the first launch, 0.3 s later here and seconds for large kernels). So an entry used within
+ * the last grace_ms (default 2 s) is not chosen: the LRU walk stops at the first such file. Only a write
+ * that cannot fit otherwise goes on past it, since failing that write breaks the runtime for sure; a cache
+ * where that happens is smaller than what its runtimes have in flight. An operator's explicit eviction
+ * (kcache evict) does not wait for the grace period either; open and pinned files always stay.
  *
  * WHAT IS NEVER EVICTED. Pinned files (the index's pinned flag, or a name matching a pin pattern), files
  * open for writing (and so the file being written), and, by default, every file open at all: a runtime
@@ -698,7 +699,7 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
         int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, grace, &vs);
-        if (r == 0 && vs.bytes < must_free) /* GRACE yields to a request that cannot fit otherwise */
+        if (r == 0 && vs.bytes < must_free && grace) /* GRACE yields to a write that cannot fit otherwise */
                 r = choose(fs, &dc, must_free, max_victims, cursor, false, &vs);
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)

@@ -96,8 +96,8 @@ static void usage(const char *prog)
                "                            pocl, triton, jax, cuda, file); default: recognised by markers\n"
                "    -o tmp_age=SECONDS      a runtime's temporary file older than this is leaked and may go;\n"
                "                            default 3600\n"
-               "    -o grace_ms=MS          never evict an entry accessed this recently (a runtime reading\n"
-               "                            its metadata and then its binary); default 200\n"
+               "    -o grace_ms=MS          never evict an entry used this recently (a runtime builds and\n"
+               "                            reads an entry in several steps); default 2000\n"
                "    -o index=PATH           SQLite index location; default BACKING_DIR/%s/index.db. Keep it\n"
                "                            on a local disk when BACKING_DIR is on NFS or Lustre\n"
                "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
@@ -382,7 +382,7 @@ int main(int argc, char *argv[])
 
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;
-        fs.o.grace_ms = 200;
+        fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
         if (fuse_opt_parse(&args, &fs.o, kfs_optspec, opt_proc) < 0)
                 return fail("invalid options (see --help)");
