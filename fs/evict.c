@@ -539,6 +539,7 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                 /* The backing filesystem may now give this inode number to a new file: lookups must
                  * find that file, not this stale inode, which lives on (detached) until it is forgotten. */
                 kmap_del(&fs->itable, in->bino);
+                (void)kmap_put(&fs->detached, (uint64_t)(uintptr_t)in, in); /* freed at forget or exit */
                 note_inode(fs, nl, in);
         }
         return removed;
@@ -909,6 +910,15 @@ bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in)
         free_names(v.names, v.nnames);
         dircache_free(&dc);
         return r == 1;
+}
+
+void kfs_evict_free(struct kfs *fs)
+{
+        for (size_t k = 0; k < fs->nrepairs; k++)
+                free(fs->repairs[k].dir);
+        free(fs->repairs);
+        fs->repairs = NULL;
+        fs->nrepairs = 0;
 }
 
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)

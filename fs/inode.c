@@ -136,8 +136,10 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
         pthread_mutex_lock(&fs->itable_lock);
         in->nlookup = in->nlookup > n ? in->nlookup - n : 0;
         bool gone = in->nlookup == 0;
-        if (gone && kmap_get(&fs->itable, in->bino) == in) /* an evicted inode is already detached (T4) */
+        if (gone && kmap_get(&fs->itable, in->bino) == in)
                 kmap_del(&fs->itable, in->bino);
+        else if (gone) /* an evicted inode, already detached (T4) */
+                kmap_del(&fs->detached, (uint64_t)(uintptr_t)in);
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
                 close(in->fd);
@@ -160,13 +162,16 @@ void kfs_inode_table_free(struct kfs *fs)
 {
         uint64_t k;
         void *v;
-        for (size_t pos = 0; kmap_next(&fs->itable, &pos, &k, &v);) {
-                struct kfs_inode *in = v;
-                if (in == &fs->root)
-                        continue;
-                close(in->fd);
-                pthread_mutex_destroy(&in->lock);
-                free(in);
+        kmap *maps[] = { &fs->itable, &fs->detached };
+        for (int m = 0; m < 2; m++) {
+                for (size_t pos = 0; kmap_next(maps[m], &pos, &k, &v);) {
+                        struct kfs_inode *in = v;
+                        if (in == &fs->root)
+                                continue;
+                        close(in->fd);
+                        pthread_mutex_destroy(&in->lock);
+                        free(in);
+                }
+                kmap_free(maps[m]);
         }
-        kmap_free(&fs->itable);
 }

@@ -111,6 +111,7 @@ struct kfs {
 
         pthread_mutex_t itable_lock;
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
+        kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
 
         pthread_mutex_t space_lock;
         uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
@@ -179,6 +180,8 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns);
 /* Evicts one file now. -EBUSY: open; -EPERM: pinned; -ENOENT: not in the cache. */
 int kfs_evict_ino(struct kfs *fs, uint64_t ino);
 bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
+/* Frees eviction's own state (repairs still pending are forgotten: the next mount's evictions redo them). */
+void kfs_evict_free(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 

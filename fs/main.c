@@ -368,6 +368,7 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
         kmap_init(&fs->itable);
+        kmap_init(&fs->detached);
         if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0)
                 return fail("out of memory");
         return 0;
@@ -480,6 +481,7 @@ out_idx:
         /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
         kidx_close(fs.idx, ret == 0);
 out_fs:
+        kfs_evict_free(&fs);
         kfs_inode_table_free(&fs);
         if (fs.root_fd >= 0)
                 close(fs.root_fd);
