@@ -421,3 +421,38 @@ def test_pocl_never_sees_half_a_program_directory(kfs):
             present = [f for f in ("program.bc", "build.log", "kern/0-0-0/kern.so") if os.path.exists(os.path.join(pd, f))]
             assert len(present) in (0, 3) or not os.path.exists(os.path.join(pd, "program.bc")), (pd, present)
     index_matches_tree(m)
+
+
+def test_layout_option_and_leaked_temp_files(kfs, tmp_path):
+    # layout=sycl for a directory whose markers would not say so; tmp_age collects leaked temporaries.
+    m = kfs({"max_size": "1M", "grace_ms": "0", "tmp_age": "1", "layout": "odd=sycl"})
+    os.makedirs(m.path("odd", "e"))
+    for suffix in (".bin", ".src", "_access_time.txt"):
+        with open(m.path("odd", "e", "7" + suffix), "wb") as f:
+            f.write(b"s" * 20 * K)
+    with open(m.path("cl_cache.AbC123"), "wb") as f:  # NEO's temporary, as if leaked by a crash
+        f.write(b"t" * 100 * K)
+    with open(m.path("filler"), "wb") as f:
+        f.write(b"f" * 700 * K)
+    # Young temporaries are protected: the SYCL entry (whole) and the filler go before it.
+    kcache("evict", m.mnt, "--to", "100K")
+    assert os.path.exists(m.path("cl_cache.AbC123"))
+    assert not any(os.path.exists(m.path("odd", "e", "7" + s)) for s in (".bin", ".src", "_access_time.txt"))
+    time.sleep(1.1)  # older than tmp_age: leaked, and collected
+    kcache("evict", m.mnt, "--to", "0")
+    assert not os.path.exists(m.path("cl_cache.AbC123"))
+    # layout=file: the same names, now plain files, go one at a time.
+    m2 = kfs({"max_size": "1M", "grace_ms": "0", "layout": "file"})
+    for suffix in (".bin", ".src"):
+        with open(m2.path("3" + suffix), "wb") as f:
+            f.write(b"x" * 20 * K)
+    os.close(os.open(m2.path("3.src"), os.O_RDONLY))  # the .src is now the most recent
+    kcache("evict", m2.mnt, "--to", "20K")
+    assert not os.path.exists(m2.path("3.bin")) and os.path.exists(m2.path("3.src"))
+
+
+def test_bad_layout_option_is_refused(kfs):
+    m = kfs(start=False)
+    m.opts["layout"] = "odd=frob"
+    p = m.start(check=False)
+    assert p.returncode != 0 and "invalid layout" in p.stderr
