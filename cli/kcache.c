@@ -83,6 +83,14 @@ static int kc_set(const char *path, const char *name, const char *value)
         return setxattr(path, full, value, strlen(value), 0) < 0 ? -errno : 0;
 }
 
+/* The mount a command names (or the default), checked to be a kcachefs mount root; NULL after the error. */
+static int kc_check_mount(const char *mount);
+static const char *kc_mount_or_default(const char *given)
+{
+        const char *mount = given ? given : kc_default_mount();
+        return kc_check_mount(mount) ? NULL : mount;
+}
+
 /* Checks that mount is the root of a kcachefs mount; prints the error itself. */
 static int kc_check_mount(const char *mount)
 {
@@ -157,8 +165,7 @@ static int kc_stats(int argc, char **argv)
                 else
                         mount = argv[i];
         }
-        mount = mount ? mount : kc_default_mount();
-        if (kc_check_mount(mount))
+        if (!(mount = kc_mount_or_default(mount)))
                 return 1;
         char json[4096], index[PATH_MAX];
         if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
@@ -522,8 +529,7 @@ static int kc_verify(int argc, char **argv)
                 else
                         mount = argv[i];
         }
-        mount = mount ? mount : kc_default_mount();
-        if (kc_check_mount(mount))
+        if (!(mount = kc_mount_or_default(mount)))
                 return 1;
         long d = kc_compare(mount, false);
         if (d < 0)

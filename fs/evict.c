@@ -84,6 +84,7 @@
  *
  * Locks: evict_lock serializes evictions (one flush, one consistent order). space_lock guards reserved
  * and evicting, and is never held across I/O. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <fnmatch.h>
@@ -485,7 +486,9 @@ static void note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode 
                 return; /* the kernel then trusts its cache until the timeout: stale, never wrong data */
         nl->items = n;
         nl->items[nl->n].ino = in == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
-        nl->items[nl->n++].dir = S_ISDIR(in->type);
+        /* directories (their cached listing) and live files (content rewritten by a repair) drop their
+         * pages too; an evicted file only its attributes */
+        nl->items[nl->n++].dir = S_ISDIR(in->type) || !atomic_load(&in->evicted);
 }
 
 /* No lock of ours held. Lock-free in the kernel (attributes, and a directory's cached listing, which
@@ -632,13 +635,48 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
                 close(v.hold);
 }
 
+/* The bytes of the regular files below dfd, as SYCL counts its cache (their sizes), without the size file
+ * and the lock files themselves. */
+static uint64_t tree_size(int dfd, int depth)
+{
+        int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        uint64_t total = 0;
+        struct dirent *de;
+        if (!d) {
+                if (fd >= 0)
+                        close(fd);
+                return 0;
+        }
+        while ((de = readdir(d))) {
+                struct stat st;
+                const char *n = de->d_name;
+                if (!strcmp(n, ".") || !strcmp(n, "..") || fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                        continue;
+                size_t l = strlen(n);
+                if (S_ISREG(st.st_mode) && strcmp(n, "cache_size.txt") && !(l > 5 && !strcmp(n + l - 5, ".lock")))
+                        total += (uint64_t)st.st_size;
+                else if (S_ISDIR(st.st_mode) && depth < 16) {
+                        int c = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (c >= 0) {
+                                total += tree_size(c, depth + 1);
+                                close(c);
+                        }
+                }
+        }
+        closedir(d);
+        return total;
+}
+
 /* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
  * protocol. Returns false if the runtime holds the lock now (try again later).
  *   NEO:  unlink config.file under flock(); NEO then recreates it and recounts the directory.
- *   SYCL: unlink cache_size.txt while holding cache_size.txt.lock (created O_EXCL, as SYCL does). */
+ *   SYCL: rewrite cache_size.txt with the true size while holding cache_size.txt.lock (created O_EXCL, as
+ *         SYCL does). Rewriting, not removing: a missing file makes SYCL recount by walking a tree that
+ *         eviction may be changing under it. */
 static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notify_list *nl)
 {
-        int dfd = openat(fs->root_fd, *dir ? dir : ".", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
                 return true; /* gone: nothing to repair */
         bool done = true;
@@ -654,7 +692,26 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
         } else if (rt == KFS_RT_SYCL) {
                 int lk = openat(dfd, "cache_size.txt.lock", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
                 if (lk >= 0) {
-                        remove_noted(fs, dfd, "cache_size.txt", nl);
+                        int fd = openat(dfd, "cache_size.txt", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                        if (fd >= 0) {
+                                char v[32];
+                                int n = snprintf(v, sizeof(v), "%llu", (unsigned long long)tree_size(dfd, 0));
+                                struct stat st;
+                                if (write(fd, v, (size_t)n) != n) {
+                                        /* a short write leaves a number SYCL rejects: remove it instead */
+                                        close(fd);
+                                        fd = -1;
+                                        remove_noted(fs, dfd, "cache_size.txt", nl);
+                                } else if (fstat(fd, &st) == 0) {
+                                        /* written behind the kernel's back: drop its cached pages and size
+                                         * (the next open sees the new size and mtime, so no keep_cache) */
+                                        pthread_mutex_lock(&fs->itable_lock);
+                                        note_inode(fs, nl, kfs_inode_find_locked(fs, st.st_ino));
+                                        pthread_mutex_unlock(&fs->itable_lock);
+                                }
+                                if (fd >= 0)
+                                        close(fd);
+                        }
                         close(lk);
                         unlinkat(dfd, "cache_size.txt.lock", 0);
                 } else {

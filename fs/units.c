@@ -235,26 +235,15 @@ static size_t sycl_key(const char *n)
         return !strcmp(n + k, ".bin") || !strcmp(n + k, ".src") || !strcmp(n + k, "_access_time.txt") ? k : 0;
 }
 
-/* The Triton key directory containing path: a 52-char base32 component holding a __grp__*.json. */
-static char *triton_dir(struct kfs *fs, const char *path)
+/* The nearest directory above path (its own directory first, at most levels up) that is_unit_dir()
+ * accepts, or NULL. Returns a malloc'ed relative path. */
+static char *ancestor_where(struct kfs *fs, const char *path, int levels,
+                            bool (*is_unit_dir)(struct kfs *fs, const char *dir, const char *path))
 {
         char *d = dir_of(path);
-        for (int i = 0; d && i < 3 && *d; i++) {
-                const char *b = base_of(d);
-                if (strlen(b) == 52 && all_of(b, 52, is_base32)) {
-                        int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-                        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
-                        bool grp = false;
-                        struct dirent *de;
-                        while (dd && !grp && (de = readdir(dd)))
-                                grp = is_grp_json(de->d_name);
-                        if (dd)
-                                closedir(dd);
-                        else if (fd >= 0)
-                                close(fd);
-                        if (grp || forced(fs, path) == KFS_RT_TRITON)
-                                return d;
-                }
+        for (int i = 0; d && i < levels && *d; i++) {
+                if (is_unit_dir(fs, d, path))
+                        return d;
                 char *s = strrchr(d, '/');
                 if (!s)
                         break;
@@ -264,28 +253,38 @@ static char *triton_dir(struct kfs *fs, const char *path)
         return NULL;
 }
 
-/* The PoCL program directory containing path: <2 chars>/<37-38 chars>/ holding program.bc. */
-static char *pocl_dir(struct kfs *fs, const char *path)
+/* Triton: a 52-char base32 key directory holding a __grp__*.json. */
+static bool is_triton_dir(struct kfs *fs, const char *d, const char *path)
 {
-        char *d = dir_of(path);
-        for (int i = 0; d && i < 4 && *d; i++) {
-                const char *b = base_of(d);
-                size_t bl = strlen(b);
-                const char *slash = strrchr(d, '/');
-                const char *parent = slash ? slash - 1 : NULL;
-                size_t pl = 0;
-                while (parent && parent >= d && *parent != '/')
-                        parent--, pl++;
-                if ((bl == 37 || bl == 38) && pl == 2 &&
-                    (exists_at(fs, d, "program.bc") || forced(fs, path) == KFS_RT_POCL))
-                        return d;
-                char *s = strrchr(d, '/');
-                if (!s)
-                        break;
-                *s = '\0';
-        }
-        free(d);
-        return NULL;
+        const char *b = base_of(d);
+        if (strlen(b) != 52 || !all_of(b, 52, is_base32))
+                return false;
+        if (forced(fs, path) == KFS_RT_TRITON)
+                return true;
+        int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+        bool grp = false;
+        struct dirent *de;
+        while (dd && !grp && (de = readdir(dd)))
+                grp = is_grp_json(de->d_name);
+        if (dd)
+                closedir(dd);
+        else if (fd >= 0)
+                close(fd);
+        return grp;
+}
+
+/* PoCL: a program directory <2 chars>/<37-38 chars>/ holding program.bc. */
+static bool is_pocl_dir(struct kfs *fs, const char *d, const char *path)
+{
+        size_t bl = strlen(base_of(d));
+        const char *slash = strrchr(d, '/');
+        if (!slash || (bl != 37 && bl != 38))
+                return false;
+        const char *p = slash;
+        while (p > d && p[-1] != '/')
+                p--;
+        return slash - p == 2 && (forced(fs, path) == KFS_RT_POCL || exists_at(fs, d, "program.bc"));
 }
 
 int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
@@ -332,7 +331,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 u->root = dir;
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_TRITON) && (d = triton_dir(fs, path))) {
+        if ((f == KFS_RT_AUTO || f == KFS_RT_TRITON) && (d = ancestor_where(fs, path, 3, is_triton_dir))) {
                 u->rt = KFS_RT_TRITON;
                 u->root = d;
                 free(dir);
@@ -344,7 +343,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 to_front(u, is_grp_json);
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_POCL) && (d = pocl_dir(fs, path))) {
+        if ((f == KFS_RT_AUTO || f == KFS_RT_POCL) && (d = ancestor_where(fs, path, 4, is_pocl_dir))) {
                 u->rt = KFS_RT_POCL;
                 u->root = d;
                 u->dir_unit = true;
