@@ -248,3 +248,20 @@ def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
     with open(m.path("big2"), "wb") as f:
         f.write(b"C" * 512 * K)
     assert os.listdir(m.mnt) == ["big2"]
+
+
+def test_backing_filesystem_full_evicts_and_retries(kfs, workdir):
+    # A backing disk smaller than max_size: its own ENOSPC triggers eviction and one retry, so writes go
+    # on succeeding as long as there is something to evict. (The index is elsewhere: it needs room too.)
+    d, _ = workdir
+    os.makedirs(os.path.join(d, "idx"))
+    m = kfs({"max_size": "64M", "grace_ms": "0"}, tmpfs_size="2m", index=os.path.join(d, "idx", "i.db"))
+    for i in range(24):  # 24 x 256 KiB = 6 MiB through a 2 MiB disk
+        with open(m.path(f"f{i}"), "wb") as f:
+            f.write(bytes([i]) * 256 * K)
+    left = sorted(os.listdir(m.mnt), key=lambda n: int(n[1:]))
+    assert left[-1] == "f23" and len(left) < 24  # the newest survived, old ones were evicted
+    for n in left:
+        assert read_file(m.path(n)) == bytes([int(n[1:])]) * 256 * K
+    assert m.used() == sum(backing_files(m.backing).values()) <= 2 << 20
+    assert int(os.getxattr(m.mnt, "user.kcachefs.evicted_files")) >= 24 - len(left)
