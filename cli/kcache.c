@@ -10,6 +10,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -335,6 +336,45 @@ static int kc_duration(const char *s, double *ret)
         return 0;
 }
 
+struct kc_job {
+        const char *mount, *value;
+        int result;
+        volatile int done;
+};
+
+static void *kc_evict_thread(void *arg)
+{
+        struct kc_job *j = arg;
+        j->result = kc_set(j->mount, "evict", j->value);
+        j->done = 1;
+        return NULL;
+}
+
+/* Runs one eviction request; on a terminal, shows its progress from the daemon's counters meanwhile. */
+static int kc_evict_with_progress(const char *mount, const char *value)
+{
+        struct kc_job j = { mount, value, 0, 0 };
+        pthread_t t;
+        if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_evict_thread, &j) != 0)
+                return kc_set(mount, "evict", value);
+        uint64_t f0 = kc_num(mount, "evicted_files"), b0 = kc_num(mount, "evicted_bytes");
+        bool shown = false;
+        while (!j.done) {
+                struct timespec ts = { 0, 200 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+                if (j.done)
+                        break;
+                char h[32];
+                kc_human(kc_num(mount, "evicted_bytes") - b0, h, sizeof(h));
+                fprintf(stderr, "\rkcache: evicting: %" PRIu64 " files, %s so far", kc_num(mount, "evicted_files") - f0, h);
+                shown = true;
+        }
+        pthread_join(t, NULL);
+        if (shown)
+                fputc('\n', stderr);
+        return j.result;
+}
+
 static int kc_evict(int argc, char **argv)
 {
         if (argc >= 4 && (!strcmp(argv[2], "--to") || !strcmp(argv[2], "--older-than"))) {
@@ -351,7 +391,7 @@ static int kc_evict(int argc, char **argv)
                         snprintf(v, sizeof(v), "older=%.3f", secs);
                 }
                 uint64_t before = kc_num(mount, "used_bytes"), files = kc_num(mount, "files");
-                int r = kc_set(mount, "evict", v);
+                int r = kc_evict_with_progress(mount, v);
                 if (r < 0)
                         return kc_fail("%s: eviction failed: %s%s", mount, r == -EINVAL ? "invalid size" : strerror(-r),
                                        kc_perm_hint(r));

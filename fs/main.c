@@ -337,12 +337,26 @@ static void detached_ready(int fd)
         close(fd);
 }
 
-/* One fd per inode the kernel knows (and per evicted inode it has not forgotten yet, see evict.c):
- * allow as many as the hard limit does. */
+/* One fd per inode the kernel knows (and per evicted inode it has not forgotten yet, see evict.c): allow
+ * as many as possible. Root may raise the hard limit too, up to fs.nr_open; others get their hard limit. */
 static void raise_fd_limit(void)
 {
         struct rlimit rl;
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+                return;
+        FILE *f = geteuid() == 0 ? fopen("/proc/sys/fs/nr_open", "r") : NULL;
+        unsigned long long nr = 0;
+        if (f) {
+                if (fscanf(f, "%llu", &nr) != 1)
+                        nr = 0;
+                fclose(f);
+        }
+        if (nr > rl.rlim_max) {
+                struct rlimit up = { (rlim_t)nr, (rlim_t)nr };
+                if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+                        return;
+        }
+        if (rl.rlim_cur < rl.rlim_max) {
                 rl.rlim_cur = rl.rlim_max;
                 (void)setrlimit(RLIMIT_NOFILE, &rl);
         }
