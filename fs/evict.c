@@ -254,6 +254,7 @@ struct seen {
         char *key;
         uint64_t newest;   /* the newest member's seq */
         bool done;         /* taken, or found protected */
+        bool young;        /* passed over only for GRACE: a pass without it may take it */
 };
 
 struct seen_set {
@@ -270,7 +271,7 @@ static struct seen *seen_get(struct seen_set *ss, const char *key)
         if (!nv)
                 return NULL;
         ss->v = nv;
-        nv[ss->n] = (struct seen){ strdup(key), 0, false };
+        nv[ss->n] = (struct seen){ strdup(key), 0, false, false };
         return nv[ss->n].key ? &nv[ss->n++] : NULL;
 }
 
@@ -363,7 +364,7 @@ static int take_unit(struct kfs *fs, struct dircache *dc, struct kfs_unit *u, ui
                 if (known && f.seq > newest)
                         newest = f.seq;
                 if (known && f.atime_ns > grace_cut) {
-                        sn->done = true; /* in use right now (GRACE) */
+                        sn->young = true; /* in use right now (GRACE) */
                         goto undo;
                 }
                 struct name *nm = calloc(1, sizeof(*nm));
@@ -402,10 +403,10 @@ undo:
 /* Chooses units in LRU order, from *cursor on, until goal bytes or max_victims files are covered or the
  * LRU runs out; *cursor advances past what was looked at. */
 static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
-                  bool grace, struct victims *vs)
+                  bool grace, struct seen_set *seen, struct victims *vs)
 {
         struct kidx_lru_row rows[LRU_BATCH];
-        struct seen_set ss = { 0 };
+        struct seen_set ss = { 0 }, *sset = seen ? seen : &ss;
         uint64_t after = *cursor;
         int64_t now = kfs_now_ns();
         int r = 0;
@@ -438,6 +439,16 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                                 continue;
                         }
                         if (u.rt == KFS_RT_FILE) {
+                                char fkey[32];
+                                snprintf(fkey, sizeof(fkey), "f:%llu", (unsigned long long)v.ino);
+                                struct seen *fs_ = seen_get(sset, fkey);
+                                if (!fs_ || fs_->done) { /* taken by an earlier pass of this batch */
+                                        free_names(v.names, v.nnames);
+                                        kfs_unit_free(&u);
+                                        r = fs_ ? 0 : -ENOMEM;
+                                        continue;
+                                }
+                                fs_->done = true;
                                 size_t first = vs->n;
                                 r = push_victim(vs, &v);
                                 if (r == 0)
@@ -453,10 +464,11 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                          * JAX) is its first member. */
                         bool by_dir = u.dir_unit || u.rt == KFS_RT_TRITON;
                         snprintf(key, sizeof(key), "%d:%s", u.rt, by_dir || !u.n ? u.root : u.members[0]);
-                        struct seen *sn = seen_get(&ss, key);
+                        struct seen *sn = seen_get(sset, key);
                         if (!sn)
                                 r = -ENOMEM;
-                        else if (!sn->done && !u.busy && (sn->newest == 0 || rows[i].seq >= sn->newest))
+                        else if (!sn->done && !(grace && sn->young) && !u.busy &&
+                                 (sn->newest == 0 || rows[i].seq >= sn->newest))
                                 r = take_unit(fs, dc, &u, rows[i].seq, sn, grace, vs);
                         r = r < 0 ? r : 0;
                         kfs_unit_free(&u);
@@ -464,7 +476,8 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                 if (n < 0)
                         break;
         }
-        seen_free(&ss);
+        if (!seen)
+                seen_free(&ss);
         *cursor = after;
         return r;
 }
@@ -756,9 +769,16 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
 {
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
-        int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, grace, &vs);
-        if (r == 0 && vs.bytes < must_free && grace) /* GRACE yields to a write that cannot fit otherwise */
-                r = choose(fs, &dc, must_free, max_victims, cursor, false, &vs);
+        struct seen_set seen = { 0 };
+        uint64_t start = *cursor;
+        int r = choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, grace, &seen, &vs);
+        if (r == 0 && vs.bytes < must_free && grace) {
+                /* GRACE yields to a write that cannot fit otherwise: walk again from the same start, taking
+                 * what was passed over for being young, never what this batch took already. */
+                *cursor = start;
+                r = choose(fs, &dc, must_free, max_victims, cursor, false, &seen, &vs);
+        }
+        seen_free(&seen);
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)
                 freed = r < 0 ? r : -ENOSPC;

@@ -13,7 +13,9 @@
  *   JAX      <key>-cache, <key>-atime                        -cache, then -atime
  *   Triton   a 52-char base32 key directory with __grp__*     __grp__*.json, *.json, the rest; only while
  *                                                            no young tmp.pid_* is in it
- *   PoCL     <2 chars>/<37-38 chars>/ holding program.bc      program.bc, then every other file below it
+ *   PoCL     <2 chars>/<37-38 chars>/ holding PoCL's files     program.bc, then every other file below it;
+ *                                                            without program.bc: a store in flight, busy
+ *                                                            until older than tmp_age
  *   CUDA     the directory holding the driver's `index`      index first, then every file below it
  *   other    -                                               the file
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
@@ -274,7 +276,8 @@ static bool is_triton_dir(struct kfs *fs, const char *d, const char *path)
         return grp;
 }
 
-/* PoCL: a program directory <2 chars>/<37-38 chars>/ holding program.bc. */
+/* PoCL: a program directory <2 chars>/<37-38 chars>/ holding any of PoCL's files (program.bc comes
+ * last when PoCL stores a program, so a store in flight has the others without it). */
 static bool is_pocl_dir(struct kfs *fs, const char *d, const char *path)
 {
         size_t bl = strlen(base_of(d));
@@ -284,7 +287,19 @@ static bool is_pocl_dir(struct kfs *fs, const char *d, const char *path)
         const char *p = slash;
         while (p > d && p[-1] != '/')
                 p--;
-        return slash - p == 2 && (forced(fs, path) == KFS_RT_POCL || exists_at(fs, d, "program.bc"));
+        return slash - p == 2 && (forced(fs, path) == KFS_RT_POCL || exists_at(fs, d, "program.bc") ||
+                                  exists_at(fs, d, "build.log") || exists_at(fs, d, "last_accessed"));
+}
+
+/* A unit that is a whole directory d (taken over), every file below it, first(name) ones first. */
+static int whole_dir_unit(struct kfs *fs, struct kfs_unit *u, enum kfs_rt rt, char *d, bool (*first)(const char *))
+{
+        u->rt = rt;
+        u->root = d;
+        u->dir_unit = true;
+        int r = add_tree(fs, u, d, 0);
+        to_front(u, first);
+        return r;
 }
 
 int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
@@ -344,24 +359,21 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 return r;
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_POCL) && (d = ancestor_where(fs, path, 4, is_pocl_dir))) {
-                u->rt = KFS_RT_POCL;
-                u->root = d;
-                u->dir_unit = true;
                 free(dir);
-                r = add_tree(fs, u, d, 0);
-                to_front(u, is_program_bc);
+                r = whole_dir_unit(fs, u, KFS_RT_POCL, d, is_program_bc);
+                /* Without program.bc it is a store in flight (busy), unless older than tmp_age: leaked. */
+                struct stat st;
+                if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
+                    kfs_now_ns() - ((int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec) <
+                            (int64_t)(fs->o.tmp_age * 1e9))
+                        u->busy = true;
                 return r;
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3)) &&
             (f == KFS_RT_CUDA || strcmp(d, dir))) {
                 /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not it */
-                u->rt = KFS_RT_CUDA;
-                u->root = d;
-                u->dir_unit = true;
                 free(dir);
-                r = add_tree(fs, u, d, 0);
-                to_front(u, is_cuda_index);
-                return r;
+                return whole_dir_unit(fs, u, KFS_RT_CUDA, d, is_cuda_index);
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_NEO) && (neo_name(name) || f == KFS_RT_NEO)) {
                 u->rt = KFS_RT_NEO;
