@@ -258,8 +258,9 @@ struct seen {
 };
 
 struct seen_set {
-        struct seen *v;
+        struct seen *v;      /* units of several files: few per batch */
         size_t n;
+        kmap files;          /* single-file units taken, by inode: one per victim, so O(1) each */
 };
 
 static struct seen *seen_get(struct seen_set *ss, const char *key)
@@ -280,6 +281,7 @@ static void seen_free(struct seen_set *ss)
         for (size_t i = 0; i < ss->n; i++)
                 free(ss->v[i].key);
         free(ss->v);
+        kmap_free(&ss->files);
 }
 
 bool kfs_pinned_path(const struct kfs *fs, const char *path)
@@ -439,16 +441,16 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                                 continue;
                         }
                         if (u.rt == KFS_RT_FILE) {
-                                char fkey[32];
-                                snprintf(fkey, sizeof(fkey), "f:%llu", (unsigned long long)v.ino);
-                                struct seen *fs_ = seen_get(sset, fkey);
-                                if (!fs_ || fs_->done) { /* taken by an earlier pass of this batch */
+                                if (kmap_get(&sset->files, v.ino)) { /* taken by an earlier pass */
                                         free_names(v.names, v.nnames);
                                         kfs_unit_free(&u);
-                                        r = fs_ ? 0 : -ENOMEM;
                                         continue;
                                 }
-                                fs_->done = true;
+                                if ((r = kmap_put(&sset->files, v.ino, vs)) < 0) {
+                                        free_names(v.names, v.nnames);
+                                        kfs_unit_free(&u);
+                                        continue;
+                                }
                                 size_t first = vs->n;
                                 r = push_victim(vs, &v);
                                 if (r == 0)

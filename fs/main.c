@@ -459,14 +459,6 @@ int main(int argc, char *argv[])
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
         }
-        if (lock_fd >= 0) {
-                /* The daemon's pid, for the next one's "in use by" message. */
-                char pid[32];
-                int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-                if (ftruncate(lock_fd, 0) < 0 || pwrite(lock_fd, pid, (size_t)n, 0) < 0) {
-                        /* cosmetic only */
-                }
-        }
         detached_ready(ready_fd);
         ready_fd = -1;
 
