@@ -105,6 +105,7 @@ static cl_program load(kcache *kc, cl_context ctx, struct cl_rec *rec, const cha
                 cl_int e;
                 p = from_binaries(kc, ctx, rec, bins, sizes, options, &e);
                 if (p) {
+                        rec->recapture = false; /* a program made from a binary reports that binary */
                         for (cl_uint i = 0; i < n; i++)
                                 rec->dev[i].stored = sizes[i];
                         kcache__trace(kc, "loaded program from %u entr%s in %.1f ms", n, n == 1 ? "y" : "ies",
@@ -138,7 +139,7 @@ static void trace_build_log(kcache *kc, cl_program p, const struct cl_rec *rec)
 
 /* Compiles from the input; returns the program (also a failed one, with *e set), or NULL. */
 static cl_program compile(kcache *kc, cl_context ctx, struct cl_rec *rec, const struct kcache__cl_input *in,
-                          cl_int *e)
+                          cl_int *e, bool counted)
 {
         const struct kcache__clfns *f = ((struct kcache__cl *)kc->cl)->fns;
         double t0 = now_ms();
@@ -162,6 +163,8 @@ static cl_program compile(kcache *kc, cl_context ctx, struct cl_rec *rec, const 
         for (cl_uint i = 0; i < rec->ndev; i++)
                 ids[i] = rec->dev[i].id;
         *e = f->BuildProgram(p, rec->ndev, ids, in->options, NULL, NULL);
+        if (!counted)
+                return p;
         atomic_fetch_add(&kc->st.compiles, 1);
         kcache__trace(kc, "compile: %s in %.1f ms", kcache__cl_errstr(*e), now_ms() - t0);
         if (*e != CL_SUCCESS && KCACHE__TRACING(kc))
@@ -173,9 +176,16 @@ static cl_program compile(kcache *kc, cl_context ctx, struct cl_rec *rec, const 
         return p;
 }
 
-/* Stores the binaries of P; with recapture, returns a program recreated from them (P released), so
- * that its binary is serialized only when refreshed, after its kernels have run. */
-static cl_program store(kcache *kc, cl_context ctx, cl_program p, struct cl_rec *rec, const char *options)
+/* Stores the binaries of P, the program handed to the application.
+ *
+ * PoCL serializes a program's binary once, at the first query, and a program created from a binary
+ * reports that binary forever. Machine code compiled at a kernel's first launch is therefore only
+ * captured by querying, after the launches, a program built from source that nobody queried before.
+ * With recapture, the binary stored now comes from a twin program D built from the same input (a hit
+ * in PoCL's own kernel cache, which the first build just filled: tens of milliseconds), and P stays
+ * unqueried until refresh_one() stores its fuller binary. */
+static cl_program store(kcache *kc, cl_context ctx, cl_program p, struct cl_rec *rec,
+                        const struct kcache__cl_input *in)
 {
         cl_uint n = rec->ndev;
         unsigned char *bins[KCACHE__CL_MAXDEV];
@@ -183,32 +193,36 @@ static cl_program store(kcache *kc, cl_context ctx, cl_program p, struct cl_rec 
         cl_device_id ids[KCACHE__CL_MAXDEV] = { 0 };
         for (cl_uint i = 0; i < n; i++)
                 ids[i] = rec->dev[i].id;
-        cl_int e = kcache__cl_binaries(kc, p, n, ids, bins, sizes);
+        cl_program src = p;
+        if (rec->recapture) {
+                cl_int e;
+                double t0 = now_ms();
+                src = compile(kc, ctx, rec, in, &e, false);
+                if (!src || e != CL_SUCCESS) {
+                        kcache__trace(kc, "recapture: the twin build failed (%s); storing the program's own binary",
+                                      kcache__cl_errstr(e));
+                        if (src)
+                                ((struct kcache__cl *)kc->cl)->fns->ReleaseProgram(src);
+                        src = p;
+                        rec->recapture = false;
+                } else {
+                        kcache__trace(kc, "recapture: twin built in %.1f ms", now_ms() - t0);
+                }
+        }
+        cl_int e = kcache__cl_binaries(kc, src, n, ids, bins, sizes);
+        if (src != p)
+                ((struct kcache__cl *)kc->cl)->fns->ReleaseProgram(src);
         if (e != CL_SUCCESS) {
                 kcache__trace(kc, "store: the driver gave no binary (%s)", kcache__cl_errstr(e));
+                rec->recapture = false;
                 return p;
         }
-        bool all = true;
         for (cl_uint i = 0; i < n; i++) {
-                if (!bins[i]) {
-                        all = false;
-                        continue;
-                }
-                if (kcache__entry_store(kc, rec->dev[i].relpath, &rec->dev[i].key, bins[i], sizes[i]) == 0)
+                if (bins[i] &&
+                    kcache__entry_store(kc, rec->dev[i].relpath, &rec->dev[i].key, bins[i], sizes[i]) == 0)
                         rec->dev[i].stored = sizes[i];
-        }
-        if (rec->recapture && all) {
-                cl_program q = from_binaries(kc, ctx, rec, bins, sizes, options, &e);
-                if (q) {
-                        ((struct kcache__cl *)kc->cl)->fns->ReleaseProgram(p);
-                        p = q;
-                } else {
-                        kcache__trace(kc, "recapture: recreating from the binary failed (%s)", kcache__cl_errstr(e));
-                        rec->recapture = false;
-                }
-        }
-        for (cl_uint i = 0; i < n; i++)
                 free(bins[i]);
+        }
         return p;
 }
 
@@ -304,7 +318,9 @@ static cl_program build(kcache *kc, cl_context ctx, cl_uint ndev, const cl_devic
         XXH128_hash_t h128 = XXH3_128bits_digest(hs);
         XXH3_freeState(hs);
         struct kcache__hash h = { h128.high64, h128.low64 };
-        rec->recapture = cl->recapture < 0 ? pocl : cl->recapture;
+        /* Without PoCL's kernel cache the twin build would cost a whole compile: no recapture then. */
+        const char *pkc = getenv("POCL_KERNEL_CACHE");
+        rec->recapture = cl->recapture < 0 ? pocl && !(pkc && !strcmp(pkc, "0")) : cl->recapture;
 
         void *obj = NULL;
         int ferr = 0;
@@ -328,9 +344,9 @@ static cl_program build(kcache *kc, cl_context ctx, cl_uint ndev, const cl_devic
                         p = load(kc, ctx, rec, in->options);
                 if (!p) {
                         atomic_fetch_add(&kc->st.misses, 1);
-                        p = compile(kc, ctx, rec, in, &e);
+                        p = compile(kc, ctx, rec, in, &e, true);
                         if (p && e == CL_SUCCESS)
-                                p = store(kc, ctx, p, rec, in->options);
+                                p = store(kc, ctx, p, rec, in);
                 } else {
                         atomic_fetch_add(&kc->st.hits, 1);
                 }

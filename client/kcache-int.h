@@ -61,6 +61,8 @@ int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key
 /* Publishes an entry (temp file + rename), creating RELDIR as needed. Errors: see kcache_put(). */
 int kcache__entry_store(kcache *kc, const char *relpath, const struct kcache__key *key, const void *data,
                         size_t len);
+/* mkdir -p of RELDIR under the cache directory. Returns 0 or -errno. */
+int kcache__make_dirs(kcache *kc, const char *reldir);
 /* Removes an entry that is unusable or that the driver rejected. */
 void kcache__entry_remove(kcache *kc, const char *relpath);
 

@@ -30,6 +30,8 @@ int kcache__lock(kcache *kc, const char *reldir, const struct kcache__key *key, 
         char path[4096];
         snprintf(path, sizeof(path), "%s/.kcache.lock", reldir);
         int fd = openat(kc->dirfd, path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+        if (fd < 0 && errno == ENOENT && kcache__make_dirs(kc, reldir) == 0)
+                fd = openat(kc->dirfd, path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
         if (fd < 0) {
                 kcache__trace(kc, "lock %s: %s; compiling without it", path, strerror(errno));
                 return -1;

@@ -132,8 +132,7 @@ void kcache__entry_remove(kcache *kc, const char *relpath)
                 kcache__trace(kc, "remove %s: %s", relpath, strerror(errno));
 }
 
-/* mkdir -p of RELDIR under the cache directory. */
-static int make_dirs(kcache *kc, const char *reldir)
+int kcache__make_dirs(kcache *kc, const char *reldir)
 {
         char p[4096];
         snprintf(p, sizeof(p), "%s", reldir);
@@ -182,7 +181,7 @@ int kcache__entry_store(kcache *kc, const char *relpath, const struct kcache__ke
                  (int)getpid(), (unsigned)atomic_fetch_add(&kc->tmp_seq, 1));
         int fd = openat(kc->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd < 0 && errno == ENOENT && slash) {
-                int r = make_dirs(kc, reldir);
+                int r = kcache__make_dirs(kc, reldir);
                 fd = r < 0 ? (errno = -r, -1)
                            : openat(kc->dirfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         }
