@@ -321,3 +321,12 @@ const char *kcache__cl_errstr(cl_int e)
         }
         return "CL error";
 }
+
+void kcache__cl_close(kcache *kc)
+{
+        kcache__flight_forget(kc, NULL);
+        struct kcache__cl *cl = kc->cl;
+        kcache__cl_free_devices(cl);
+        free(cl);
+        kc->cl = NULL;
+}

@@ -439,12 +439,3 @@ KCACHE__EXPORT void kcache_cl_forget_context(kcache *kc, cl_context ctx)
         if (kc && kc->cl && ctx)
                 kcache__flight_forget(kc, ctx); /* each program is refreshed as it leaves */
 }
-
-void kcache__cl_close(kcache *kc)
-{
-        kcache__flight_forget(kc, NULL);
-        struct kcache__cl *cl = kc->cl;
-        kcache__cl_free_devices(cl);
-        free(cl);
-        kc->cl = NULL;
-}
