@@ -148,6 +148,8 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
 int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name);
 int kfs_parse_size(const char *s, uint64_t *ret);
 int kfs_parse_pins(const char *s, char ***ret);
+/* Parses ARGS into O (operands: the backing directory; -o options; -h, -V). -EINVAL on a bad option. */
+int kfs_opts_parse(struct fuse_args *args, struct kfs_opts *o);
 bool kfs_pinned_path(const struct kfs *fs, const char *relpath);
 void kfs_free_opts(struct kfs_opts *o);
 

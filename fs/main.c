@@ -31,51 +31,6 @@
 #define DEFAULT_PINS "config.file:cache_size.txt:*.lock:.lockfile"
 #define DEFAULT_TIMEOUT 3600.0
 
-enum { KEY_HELP, KEY_VERSION };
-
-#define OPT(t, f) { t, offsetof(struct kfs_opts, f), 1 }
-static const struct fuse_opt kfs_optspec[] = {
-        OPT("max_size=%s", max_size_str),
-        OPT("index=%s", index_path),
-        OPT("low_watermark=%s", low_watermark_str),
-        OPT("pin=%s", pin_str),
-        OPT("protect=%s", protect_str),
-        OPT("layout=%s", layout_str),
-        OPT("tmp_age=%lf", tmp_age),
-        OPT("grace_ms=%u", grace_ms),
-        OPT("timeout=%lf", timeout),
-        OPT("flush_ms=%u", flush_ms),
-        OPT("nolog", nolog),
-        OPT("rebuild", rebuild),
-        FUSE_OPT_KEY("-h", KEY_HELP),
-        FUSE_OPT_KEY("--help", KEY_HELP),
-        FUSE_OPT_KEY("-V", KEY_VERSION),
-        FUSE_OPT_KEY("--version", KEY_VERSION),
-        FUSE_OPT_END
-};
-
-static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
-{
-        (void)outargs;
-        struct kfs_opts *o = data; /* the option offsets are relative to it */
-        switch (key) {
-        case FUSE_OPT_KEY_NONOPT:
-                if (!o->backing) {
-                        o->backing = strdup(arg);
-                        return 0; /* the first operand is ours; the second is libfuse's mountpoint */
-                }
-                return 1;
-        case KEY_HELP:
-                o->show_help = 1;
-                return 0;
-        case KEY_VERSION:
-                o->show_version = 1;
-                return 0;
-        default:
-                return 1;
-        }
-}
-
 static void usage(const char *prog)
 {
         printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
@@ -399,7 +354,7 @@ int main(int argc, char *argv[])
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
-        if (fuse_opt_parse(&args, &fs.o, kfs_optspec, opt_proc) < 0)
+        if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
         if (fs.o.show_help) {
                 usage(argv[0]);

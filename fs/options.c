@@ -1,9 +1,10 @@
-/* options.c: parsing of kcachefs's own option values (sizes, pin lists). Pure functions: no I/O, so the
- * fuzz target and the unit tests can call them directly. */
+/* options.c: parsing of kcachefs's options (the -o list through fuse_opt, sizes, pin lists, layouts).
+ * Pure functions: no I/O, so the fuzz target (tests/fuzz/fuzz-options.c) calls them directly. */
 #include <ctype.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 
 #include "kfs.h"
@@ -88,4 +89,103 @@ void kfs_free_opts(struct kfs_opts *o)
         for (size_t i = 0; i < o->nlayouts; i++)
                 free(o->layouts[i].dir);
         free(o->layouts);
+}
+
+enum { KEY_HELP, KEY_VERSION };
+
+#define OPT(t, f) { t, offsetof(struct kfs_opts, f), 1 }
+static const struct fuse_opt kfs_optspec[] = {
+        OPT("max_size=%s", max_size_str),
+        OPT("index=%s", index_path),
+        OPT("low_watermark=%s", low_watermark_str),
+        OPT("pin=%s", pin_str),
+        OPT("protect=%s", protect_str),
+        OPT("layout=%s", layout_str),
+        OPT("tmp_age=%lf", tmp_age),
+        OPT("grace_ms=%u", grace_ms),
+        OPT("timeout=%lf", timeout),
+        OPT("flush_ms=%u", flush_ms),
+        OPT("nolog", nolog),
+        OPT("rebuild", rebuild),
+        FUSE_OPT_KEY("-h", KEY_HELP),
+        FUSE_OPT_KEY("--help", KEY_HELP),
+        FUSE_OPT_KEY("-V", KEY_VERSION),
+        FUSE_OPT_KEY("--version", KEY_VERSION),
+        FUSE_OPT_END
+};
+
+static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outargs)
+{
+        (void)outargs;
+        struct kfs_opts *o = data; /* the option offsets are relative to it */
+        switch (key) {
+        case FUSE_OPT_KEY_NONOPT:
+                if (!o->backing) {
+                        o->backing = strdup(arg);
+                        return 0; /* the first operand is ours; the second is libfuse's mountpoint */
+                }
+                return 1;
+        case KEY_HELP:
+                o->show_help = 1;
+                return 0;
+        case KEY_VERSION:
+                o->show_version = 1;
+                return 0;
+        default:
+                return 1;
+        }
+}
+
+int kfs_opts_parse(struct fuse_args *args, struct kfs_opts *o)
+{
+        return fuse_opt_parse(args, o, kfs_optspec, opt_proc) < 0 ? -EINVAL : 0;
+}
+
+const char *kfs_rt_name(enum kfs_rt rt)
+{
+        static const char *const names[] = { [KFS_RT_AUTO] = "auto", [KFS_RT_FILE] = "file", [KFS_RT_NEO] = "neo",
+                                             [KFS_RT_SYCL] = "sycl", [KFS_RT_POCL] = "pocl",
+                                             [KFS_RT_TRITON] = "triton", [KFS_RT_JAX] = "jax", [KFS_RT_CUDA] = "cuda" };
+        return rt < sizeof(names) / sizeof(names[0]) ? names[rt] : "?";
+}
+
+int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n)
+{
+        /* "RT" for the whole mount, or "DIR=RT:DIR=RT..." per subdirectory (relative to the mount). */
+        struct kfs_layout *v = NULL;
+        size_t n = 0;
+        char *copy = strdup(s), *save = NULL;
+        if (!copy)
+                return -ENOMEM;
+        for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
+                char *eq = strrchr(tok, '=');
+                const char *rtname = eq ? eq + 1 : tok;
+                enum kfs_rt rt = KFS_RT_AUTO;
+                for (int i = KFS_RT_AUTO; i <= KFS_RT_CUDA; i++)
+                        if (!strcmp(rtname, kfs_rt_name((enum kfs_rt)i)))
+                                rt = (enum kfs_rt)i;
+                struct kfs_layout *nv = NULL;
+                int r = rt == KFS_RT_AUTO && strcmp(rtname, "auto") ? -EINVAL
+                        : (nv = realloc(v, (n + 1) * sizeof(*nv))) ? 0 : -ENOMEM;
+                if (r < 0) { /* the directories taken so far go too (the options fuzzer found the leak) */
+                        for (size_t i = 0; i < n; i++)
+                                free(v[i].dir);
+                        free(copy);
+                        free(v);
+                        return r;
+                }
+                v = nv;
+                char *dir = eq ? strndup(tok, (size_t)(eq - tok)) : strdup("");
+                while (dir && *dir == '/')
+                        memmove(dir, dir + 1, strlen(dir));
+                for (size_t l = dir ? strlen(dir) : 0; l > 0 && dir[l - 1] == '/'; l--)
+                        dir[l - 1] = '\0';
+                v[n].dir = dir;
+                v[n].rt = rt;
+                n++;
+        }
+        free(copy);
+        *ret = v;
+        *ret_n = n;
+        return 0;
 }
