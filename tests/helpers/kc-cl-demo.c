@@ -33,7 +33,7 @@ static char *slurp(const char *path, size_t *len)
         fseek(f, 0, SEEK_END);
         long n = ftell(f);
         rewind(f);
-        char *b = malloc((size_t)n + 64);
+        char *b = malloc((size_t)n + 256); /* room for --break */
         if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
                 free(b);
                 b = NULL;
