@@ -23,7 +23,7 @@ __kernel void saxpy_poly(__global float *out, __global const float *in, int n)
         out[g] = 2.5f * x + poly(x * 0.001f);
 }
 
-/* 2: work-group tree reduction; each group writes its sum to out[group] */
+/* 2: work-group tree reduction */
 __kernel void reduce_sum(__global float *out, __global const float *in, int n)
 {
         __local float s[LS];
@@ -35,10 +35,8 @@ __kernel void reduce_sum(__global float *out, __global const float *in, int n)
                         s[l] += s[l + w];
                 barrier(CLK_LOCAL_MEM_FENCE);
         }
-        if (l == 0)
-                out[get_group_id(0)] = s[0];
-        else if (g < n && l >= 1)
-                out[g] = in[g];
+        if (g < n) /* the group's sum in its first slot, the inputs in the others: one writer each */
+                out[g] = l == 0 ? s[0] : in[g];
 }
 
 /* 3: inclusive scan inside each work-group (Hillis-Steele) */
