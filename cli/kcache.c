@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "show.h"
 #include "../index/kidx.h"
 
 #define KC_PREFIX "user.kcachefs."
@@ -49,6 +50,7 @@ static void kc_usage(FILE *f)
               "  pin PATH... | unpin PATH...             never evict these files / allow it again\n"
               "  verify [--repair] MOUNT                 compare the index with the backing directory\n"
               "  env MOUNT [RUNTIME...]                  export lines pointing runtimes at the mount\n"
+              "  show FILE...                            decode libkcache entries: key fields, sizes, verdict\n"
               "\n"
               "MOUNT defaults to $KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt. Actions need the rights of the\n"
               "mount's owner (or root). RUNTIME: neo sycl pocl cuda triton jax kcache (default: all).\n",
@@ -661,6 +663,8 @@ int main(int argc, char **argv)
                 return kc_verify(argc, argv);
         if (!strcmp(cmd, "env"))
                 return kc_env(argc, argv);
+        if (!strcmp(cmd, "show"))
+                return kc_show(argc, argv);
         kc_fail("unknown command '%s'", cmd);
         kc_usage(stderr);
         return 2;

@@ -35,7 +35,12 @@ static void trace_field(void *arg, int tag, const uint8_t *d, size_t len)
         bool text = true;
         for (size_t i = 0; i < len && text; i++)
                 text = isprint(d[i]) || d[i] == '\n' || d[i] == '\t' || d[i] == '\r';
-        if (tag == KCACHE__T_SPEC && len >= 4) {
+        if ((tag == KCACHE__T_DEVICE_UUID || tag == KCACHE__T_DRIVER_UUID) && len <= 32) {
+                char hex[65];
+                for (size_t i = 0; i < len; i++)
+                        snprintf(hex + 2 * i, 3, "%02x", d[i]);
+                kcache__trace(kc, "  %-17s %s", name, len ? hex : "");
+        } else if (tag == KCACHE__T_SPEC && len >= 4) {
                 char hex[2 * 8 + 1] = "";
                 for (size_t i = 4; i < len && i < 12; i++)
                         snprintf(hex + 2 * (i - 4), 3, "%02x", d[i]);

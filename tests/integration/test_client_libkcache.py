@@ -316,3 +316,25 @@ def test_pkgconfig_from_the_build_directory(tmp):
     assert r["err"] == 0 and r["compiles"] == 1
     ze = subprocess.run(["pkg-config", "--exists", "--print-errors", "kcache", "kcache-level-zero"], env=env)
     assert ze.returncode == 0
+
+
+def test_kcache_show_decodes_entries(tmp):
+    kcache = os.path.join(BUILD, "kcache")
+    d = os.path.join(tmp, "c")
+    run_json([ZE_DEMO, "--dir", d, "--spec", "7"], ze_env(tmp))
+    [entry] = entries(d, "level-zero")
+    p = subprocess.run([kcache, "show", entry], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    for want in ('api               "level-zero"', "spec              id 1 = 07 00 00 00",
+                 'device.name       "Fake GPU 9000"', "matches the file name", "verdict           ok",
+                 "payload           32 bytes"):
+        assert want in p.stdout, want
+    os.truncate(entry, os.path.getsize(entry) - 3)
+    p = subprocess.run([kcache, "show", entry], capture_output=True, text=True)
+    assert p.returncode == 1 and "verdict           truncated" in p.stdout
+    other = os.path.join(tmp, "not-an-entry")
+    open(other, "wb").write(b"poclbin\0" + b"x" * 100)
+    p = subprocess.run([kcache, "show", other], capture_output=True, text=True)
+    assert p.returncode == 1 and "not a libkcache entry" in p.stdout
+    p = subprocess.run([kcache, "show", os.path.join(tmp, "missing")], capture_output=True, text=True)
+    assert p.returncode == 1 and "No such file" in p.stderr

@@ -1,0 +1,3 @@
+/* kcache show: decodes libkcache entries (show.c). */
+#pragma once
+int kc_show(int argc, char **argv);
