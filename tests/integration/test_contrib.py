@@ -105,3 +105,24 @@ def test_module_files_set_what_kcache_env_sets():
     for var in wanted:
         assert f'setenv("{var}"' in lua, var
         assert f"setenv {var} " in tcl, var
+
+
+def test_meson_install_puts_everything_in_place(workdir):
+    """meson install: daemon, command, libraries, headers, pkg-config files, man pages, unit."""
+    d, _ = workdir
+    dest = os.path.join(d, "dest")
+    build = os.path.join(ROOT, "build")
+    subprocess.run(["meson", "install", "-C", build, "--no-rebuild", "--quiet", "--destdir", dest], check=True,
+                   capture_output=True)
+    prefix = dest + subprocess.run(["meson", "introspect", build, "--buildoptions"], capture_output=True,
+                                   text=True, check=True).stdout.split('"name": "prefix"')[1].split('"value": "')[1].split('"')[0]
+    found = {os.path.relpath(os.path.join(r, f), prefix) for r, _, fs in os.walk(dest) for f in fs}
+    want = ["sbin/kcachefs", "bin/kcache", "include/kcache.h", "include/kcache_cl.h", "include/kcache_ze.h",
+            "share/man/man8/kcachefs.8", "share/man/man1/kcache.1", "share/man/man3/libkcache.3",
+            "lib/systemd/system/kcachefs@.service"]
+    for w in want:
+        assert w in found, (w, sorted(found))
+    for lib in ("libkcache.so.0", "libkcache-opencl.so.0", "libkcache-level-zero.so.0"):
+        assert any(f.endswith(lib) for f in found), lib
+    for pc in ("kcache.pc", "kcache-opencl.pc", "kcache-level-zero.pc"):
+        assert any(f.endswith("pkgconfig/" + pc) for f in found), pc
