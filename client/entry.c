@@ -59,12 +59,11 @@ void kcache__entry_header(uint8_t out[KCACHE__ENTRY_HEADER], const struct kcache
         wr64(out + 56, XXH3_64bits(payload, payload_len));
 }
 
-enum kcache__verdict kcache__entry_parse(const void *buf, size_t len, const void *key, size_t key_len,
-                                         struct kcache__entry_view *view)
+enum kcache__verdict kcache__entry_parse_header(const uint8_t *p, size_t len, uint64_t file_len,
+                                                struct kcache__entry_view *view)
 {
-        const uint8_t *p = buf;
         memset(view, 0, sizeof(*view));
-        if (len == 0)
+        if (len == 0 || file_len == 0)
                 return KCACHE__TRUNCATED; /* an empty file: a write torn before its first byte */
         if (memcmp(p, KCACHE__ENTRY_MAGIC, len < 8 ? len : 8))
                 return KCACHE__FOREIGN;
@@ -81,20 +80,37 @@ enum kcache__verdict kcache__entry_parse(const void *buf, size_t len, const void
         view->key_hash.hi = rd64(p + 40);
         view->key_hash.lo = rd64(p + 48);
         view->checksum = rd64(p + 56);
-        if (len < total)
-                return KCACHE__TRUNCATED;
-        if (len > total)
-                return KCACHE__OVERSIZED;
-        view->key = p + KCACHE__ENTRY_HEADER;
         view->key_len = klen;
-        view->payload = view->key + klen;
         view->payload_len = plen;
-        XXH128_hash_t kh = XXH3_128bits(view->key, klen);
+        if (file_len < total)
+                return KCACHE__TRUNCATED;
+        if (file_len > total)
+                return KCACHE__OVERSIZED;
+        return KCACHE__OK;
+}
+
+enum kcache__verdict kcache__entry_check_key(const struct kcache__entry_view *view, const void *key, size_t key_len)
+{
+        XXH128_hash_t kh = XXH3_128bits(view->key, view->key_len);
         if (kh.high64 != view->key_hash.hi || kh.low64 != view->key_hash.lo)
                 return KCACHE__BAD_CHECKSUM; /* the record does not match its own hash: corrupted */
-        if (key && (key_len != klen || memcmp(key, view->key, klen)))
+        if (key && (key_len != view->key_len || memcmp(key, view->key, key_len)))
                 return KCACHE__KEY_MISMATCH;
-        if (XXH3_64bits(view->payload, plen) != view->checksum)
+        return KCACHE__OK;
+}
+
+enum kcache__verdict kcache__entry_parse(const void *buf, size_t len, const void *key, size_t key_len,
+                                         struct kcache__entry_view *view)
+{
+        const uint8_t *p = buf;
+        enum kcache__verdict v = kcache__entry_parse_header(p, len, len, view);
+        if (v != KCACHE__OK)
+                return v; /* the header's claims stay in *view (for `kcache show`); no pointers */
+        view->key = p + KCACHE__ENTRY_HEADER;
+        view->payload = view->key + view->key_len;
+        if ((v = kcache__entry_check_key(view, key, key_len)) != KCACHE__OK)
+                return v;
+        if (XXH3_64bits(view->payload, view->payload_len) != view->checksum)
                 return KCACHE__BAD_CHECKSUM;
         return KCACHE__OK;
 }

@@ -103,6 +103,14 @@ struct kcache__entry_view {
 enum kcache__verdict kcache__entry_parse(const void *buf, size_t len, const void *key, size_t key_len,
                                          struct kcache__entry_view *view);
 
+/* The same in steps, for a reader that reads the header, the key and the payload separately: checks
+ * the LEN (>= 64 for OK) header bytes at P against a file of FILE_LEN bytes and fills the lengths,
+ * hash and checksum of *view; then the key record (view->key set by the caller) against its hash and
+ * KEY. The caller checks the payload's XXH3-64 against view->checksum. */
+enum kcache__verdict kcache__entry_parse_header(const uint8_t *p, size_t len, uint64_t file_len,
+                                                struct kcache__entry_view *view);
+enum kcache__verdict kcache__entry_check_key(const struct kcache__entry_view *view, const void *key, size_t key_len);
+
 /* Fills the 64-byte header for KEY and PAYLOAD. */
 void kcache__entry_header(uint8_t out[KCACHE__ENTRY_HEADER], const struct kcache__key *key,
                           const void *payload, size_t payload_len);

@@ -58,6 +58,10 @@ void kcache__entry_path(const char *reldir, const struct kcache__key *key, char 
  * into it. Errors: -ENOENT (miss; unusable entries are reported, counted and removed), -ENOMEM, -EIO. */
 int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key *key, uint8_t **ret_buf,
                        struct kcache__entry_view *view);
+/* The same for a caller that wants the payload alone (kcache_get): it is read straight into the
+ * malloc()ed *ret_data, not copied out of the whole file. */
+int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
+                               size_t *ret_len);
 /* Publishes an entry (temp file + rename), creating RELDIR as needed. Errors: see kcache_put(). */
 int kcache__entry_store(kcache *kc, const char *relpath, const struct kcache__key *key, const void *data,
                         size_t len);

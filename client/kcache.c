@@ -178,19 +178,16 @@ KCACHE__EXPORT int kcache_get(kcache *kc, const void *key, size_t keylen, void *
                 return r;
         if (KCACHE__TRACING(kc))
                 kcache__trace_key(kc, rel, &k);
-        uint8_t *buf;
-        struct kcache__entry_view v;
-        r = kcache__entry_load(kc, rel, &k, &buf, &v);
+        void *data;
+        size_t len;
+        r = kcache__entry_load_payload(kc, rel, &k, &data, &len);
         kcache__key_free(&k);
         if (r < 0) {
                 atomic_fetch_add(&kc->st.misses, 1);
                 return r;
         }
-        /* Hand out the payload alone: move it to the front of the buffer we already own. */
-        memmove(buf, v.payload, v.payload_len);
-        void *shrunk = realloc(buf, v.payload_len ? v.payload_len : 1);
-        *ret_data = shrunk ? shrunk : buf;
-        *ret_len = v.payload_len;
+        *ret_data = data;
+        *ret_len = len;
         atomic_fetch_add(&kc->st.hits, 1);
         return 0;
 }

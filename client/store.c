@@ -15,6 +15,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <xxhash.h>
+
 #include "kcache-int.h"
 
 void kcache__entry_path(const char *reldir, const struct kcache__key *key, char *out, size_t size)
@@ -122,6 +124,98 @@ bad:
         r = -ENOENT;
 out:
         free(buf);
+        close(fd);
+        return r;
+}
+
+int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
+                               size_t *ret_len)
+{
+        if (kc->disabled)
+                return -ENOENT;
+        int fd = openat(kc->dirfd, relpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0) {
+                int e = errno;
+                kcache__trace(kc, "miss %s: %s", relpath, e == ENOENT ? "no entry" : strerror(e));
+                return e == ENOENT || e == ENOTDIR || e == ELOOP || e == EACCES ? -ENOENT : -EIO;
+        }
+        struct stat st;
+        const char *why = NULL;
+        uint8_t head[KCACHE__ENTRY_HEADER + 512], *kbuf = head + KCACHE__ENTRY_HEADER, *payload = NULL;
+        struct kcache__entry_view v;
+        int r = -ENOENT;
+        if (fstat(fd, &st) < 0) {
+                r = -EIO;
+                goto out;
+        }
+        if (!kcache__trusted(kc, &st, &why)) {
+                kcache__trace(kc, "reject %s: %s (uid %u); not loaded", relpath, why, (unsigned)st.st_uid);
+                atomic_fetch_add(&kc->st.rejects, 1);
+                goto out;
+        }
+        /* Header and (small) key in one read, the payload straight into the buffer handed out. */
+        size_t want = KCACHE__ENTRY_HEADER + key->len <= sizeof(head) ? KCACHE__ENTRY_HEADER + key->len
+                                                                      : KCACHE__ENTRY_HEADER;
+        ssize_t n = read_all(fd, head, want);
+        if (n < 0) {
+                r = -EIO;
+                goto out;
+        }
+        enum kcache__verdict verdict = kcache__entry_parse_header(head, (size_t)n, (uint64_t)st.st_size, &v);
+        if (verdict == KCACHE__OK && v.key_len != key->len)
+                verdict = KCACHE__KEY_MISMATCH;
+        if (verdict == KCACHE__OK && want == KCACHE__ENTRY_HEADER) { /* a long key: read it apart */
+                kbuf = malloc(key->len ? key->len : 1);
+                if (!kbuf) {
+                        r = -ENOMEM;
+                        goto out;
+                }
+                if (pread(fd, kbuf, key->len, KCACHE__ENTRY_HEADER) != (ssize_t)key->len)
+                        verdict = KCACHE__TRUNCATED;
+        } else if (verdict == KCACHE__OK && (size_t)n != want) {
+                verdict = KCACHE__TRUNCATED;
+        }
+        if (verdict == KCACHE__OK) {
+                v.key = kbuf;
+                verdict = kcache__entry_check_key(&v, key->buf, key->len);
+        }
+        if (verdict == KCACHE__OK) {
+                payload = malloc(v.payload_len ? v.payload_len : 1);
+                if (!payload) {
+                        r = -ENOMEM;
+                        goto out;
+                }
+                ssize_t got = 0;
+                while ((size_t)got < v.payload_len) {
+                        ssize_t m = pread(fd, payload + got, v.payload_len - (size_t)got,
+                                          (off_t)(KCACHE__ENTRY_HEADER + v.key_len + (size_t)got));
+                        if (m < 0 && errno == EINTR)
+                                continue;
+                        if (m <= 0)
+                                break;
+                        got += m;
+                }
+                if ((size_t)got != v.payload_len)
+                        verdict = KCACHE__TRUNCATED;
+                else if (XXH3_64bits(payload, v.payload_len) != v.checksum)
+                        verdict = KCACHE__BAD_CHECKSUM;
+        }
+        if (verdict == KCACHE__OK) {
+                kcache__trace(kc, "hit %s (%zu bytes)", relpath, v.payload_len);
+                *ret_data = payload;
+                *ret_len = v.payload_len;
+                payload = NULL;
+                r = 0;
+        } else {
+                kcache__trace(kc, "reject %s: %s (%lld bytes); removed", relpath, kcache__verdict_str(verdict),
+                              (long long)st.st_size);
+                atomic_fetch_add(&kc->st.rejects, 1);
+                kcache__entry_remove(kc, relpath);
+        }
+out:
+        if (kbuf != head + KCACHE__ENTRY_HEADER)
+                free(kbuf);
+        free(payload);
         close(fd);
         return r;
 }
