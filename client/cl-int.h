@@ -73,6 +73,39 @@ int kcache__cl_key(kcache *kc, const struct kcache__cl_dev *dev, const struct kc
 cl_int kcache__cl_binaries(kcache *kc, cl_program prog, cl_uint ndev, const cl_device_id *devs,
                            unsigned char **bins, size_t *sizes);
 
+/* The entries of one build: one per device. */
+struct kcache__cl_rec {
+        bool recapture;              /* refresh grown binaries of this program */
+        cl_uint ndev;
+        struct {
+                cl_device_id id;
+                const char *reldir;  /* the device's directory (its identity lives until close) */
+                size_t stored;       /* bytes of the binary in the entry */
+                struct kcache__key key;
+                char relpath[160];
+        } dev[];
+};
+
+/* cl-build.c. A record for building IN on DEVS; *ret_hash combines the devices' keys. -ENOMEM, -EIO. */
+int kcache__cl_rec_new(kcache *kc, cl_uint ndev, const cl_device_id *devs, const struct kcache__cl_input *in,
+                       struct kcache__cl_rec **ret, struct kcache__hash *ret_hash);
+void kcache__cl_rec_free(struct kcache__cl_rec *rec);
+/* Creates and builds a program from binaries; NULL on any failure, *e saying which. */
+cl_program kcache__cl_from_binaries(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, unsigned char **bins,
+                                    size_t *sizes, const char *options, cl_int *e);
+/* Loads every device's entry and builds the program from them; NULL on a miss or a rejection (then the
+ * entries are removed). */
+cl_program kcache__cl_load(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, const char *options);
+/* Compiles IN into a new program; returns it (also a failed one, *e set), or NULL. COUNTED: a compile
+ * of the application's (counted and traced), not the twin build. */
+cl_program kcache__cl_compile(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec,
+                              const struct kcache__cl_input *in, cl_int *e, bool counted);
+/* Stores the binaries of the built program P (through a twin build with recapture); returns P. */
+cl_program kcache__cl_store(kcache *kc, cl_context ctx, cl_program p, struct kcache__cl_rec *rec,
+                            const struct kcache__cl_input *in);
+/* Stores again the binaries of PROG that grew since they were stored; returns how many. */
+int kcache__cl_refresh_one(kcache *kc, cl_program prog, struct kcache__cl_rec *rec);
+
 /* The name of an OpenCL error code ("CL_INVALID_BINARY"). */
 const char *kcache__cl_errstr(cl_int e);
 
