@@ -15,7 +15,9 @@
 #include "kcache-entry.h"
 #include "kcache.h"
 
+#ifndef KCACHE__EXPORT /* the layer defines it empty: it exports only its two entry points */
 #define KCACHE__EXPORT __attribute__((visibility("default")))
+#endif
 
 struct kcache__flight;
 
