@@ -208,7 +208,8 @@ int kcache__cl_key(kcache *kc, const struct kcache__cl_dev *dev, const struct kc
                 }
                 env[n++] = *e;
         }
-        qsort(env, n, sizeof(*env), cmp_str);
+        if (n)
+                qsort(env, n, sizeof(*env), cmp_str);
         for (size_t i = 0; i < n; i++)
                 kcache__key_add_str(k, KCACHE__T_ENV, env[i]);
         free(env);

@@ -57,6 +57,13 @@
  * that races the unlink through an old dentry finds inode->evicted and fails with ENOENT, as if it had
  * come a moment later.
  *
+ * RECORDS THAT SURVIVE A CRASH. Every eviction is logged (kcache, the evictions table), and a crash must
+ * not make an evicted file look lost. The log itself is batched like the rest of the index, so a batch's
+ * victims are first written as intents in a transaction of their own (one commit per batch of at most
+ * 64), and only then removed; each intent is fulfilled (logged as an eviction) or cancelled (the file was
+ * opened meanwhile) in the ordinary batch. The reconcile after a crash logs the intents whose file is gone
+ * and drops the others.
+ *
  * TELLING THE KERNEL. The kernel may still hold a dentry, cached attributes and a cached listing for a
  * removed name. We never use fuse_lowlevel_notify_inval_entry() for this: it takes the parent directory's
  * lock in the kernel, and a rename in that directory holds the lock while it waits for our reply. If the
@@ -572,8 +579,11 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         for (size_t k = 0; k < u->count; k++)
                 total += vs->v[u->first + k].nnames;
         int small[16], *fds = total <= 16 ? small : malloc(total * sizeof(int));
-        if (!fds)
+        if (!fds) {
+                for (size_t k = 0; k < u->count; k++)
+                        kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
                 return 0;
+        }
         /* Directories resolved outside itable_lock (index queries, path walks); each name holds its own
          * duplicate, since a later cache lookup may replace an earlier slot. */
         for (size_t k = 0, j = 0; k < u->count; k++) {
@@ -590,6 +600,8 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                                 close(fds[j]);
                 if (fds != small)
                         free(fds);
+                for (size_t k = 0; k < u->count; k++)
+                        kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
                 return 0;
         }
         pthread_mutex_lock(&fs->itable_lock);
@@ -611,8 +623,10 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         int64_t now = kfs_now_ns();
         for (size_t k = 0; k < u->count; k++) {
                 struct victim *v = &vs->v[u->first + k];
-                if (!removed[k])
+                if (!removed[k]) {
+                        kidx_evict_cancel(fs->idx, v->ino); /* it stayed (opened meanwhile, or busy) */
                         continue;
+                }
                 kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, now);
                 freed += v->bytes;
         }
@@ -784,6 +798,18 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)
                 freed = r < 0 ? r : -ENOSPC;
+        if (freed >= 0 && vs.n) { /* records first: a crash after a removal must not lose its record */
+                struct kidx_intent *in = calloc(vs.n, sizeof(*in));
+                for (size_t i = 0; in && i < vs.n; i++)
+                        in[i] = (struct kidx_intent){ vs.v[i].ino, vs.v[i].bytes,
+                                                      !vs.v[i].nnames ? ""
+                                                      : vs.v[i].names[0].path ? vs.v[i].names[0].path
+                                                                              : vs.v[i].names[0].name };
+                int e = in ? kidx_evict_intents(fs->idx, vs.n, in, kfs_now_ns()) : -ENOMEM;
+                free(in);
+                if (e < 0)
+                        freed = e;
+        }
         for (size_t i = 0; freed >= 0 && i < vs.nu; i++)
                 freed += (int64_t)evict_unit(fs, &dc, &vs, &vs.u[i], nl);
         if (freed >= 0)

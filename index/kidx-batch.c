@@ -205,6 +205,15 @@ void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int
         free(p);
 }
 
+void kidx_evict_cancel(kidx *idx, uint64_t ino)
+{
+        pthread_mutex_lock(&idx->batch_lock);
+        struct kidx__op *op = push_op(idx, OP_EVICT_CANCEL);
+        if (op)
+                op->a = ino;
+        pthread_mutex_unlock(&idx->batch_lock);
+}
+
 uint64_t kidx_used(kidx *idx)
 {
         pthread_mutex_lock(&idx->batch_lock);

@@ -20,7 +20,7 @@ struct kidx__touch {
         int64_t bytes;       /* -1: unchanged */
 };
 
-enum kidx__op_kind { OP_ADD_DENT, OP_DEL_DENT, OP_RENAME, OP_EXCHANGE, OP_DEL_FILE, OP_EVICTED };
+enum kidx__op_kind { OP_ADD_DENT, OP_DEL_DENT, OP_RENAME, OP_EXCHANGE, OP_DEL_FILE, OP_EVICTED, OP_EVICT_CANCEL };
 
 /* A structural change, applied in order before the touches. */
 struct kidx__op {
@@ -33,7 +33,7 @@ struct kidx__op {
 
 enum kidx__stmt {
         ST_TOUCH, ST_ADD_FILE, ST_DEL_FILE, ST_ADD_DENT, ST_DEL_DENT, ST_DEL_DENTS_OF, ST_RENAME,
-        ST_LOG_EVICTION, ST_SET_META, ST_LRU, ST_NAMES, ST_PARENT,
+        ST_LOG_EVICTION, ST_SET_META, ST_LRU, ST_NAMES, ST_PARENT, ST_INTENT_ADD, ST_INTENT_DEL,
         ST__COUNT
 };
 

@@ -163,6 +163,24 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         sqlite3_finalize(w.dent);
         sqlite3_finalize(w.file);
         w.dent = w.file = NULL;
+        /* Evictions under way when the last daemon died: logged if their file is gone (the write-ahead
+         * intents of kidx_evict_intents). */
+        sqlite3_stmt *is;
+        rc = sqlite3_prepare_v2(db, "SELECT count(*), total(bytes) FROM evict_intents"
+                                    " WHERE ino NOT IN (SELECT ino FROM temp.scan)", -1, &is, NULL);
+        if (rc == SQLITE_OK && (rc = sqlite3_step(is)) == SQLITE_ROW) {
+                idx->stats.evicted_files += (uint64_t)sqlite3_column_int64(is, 0);
+                idx->stats.evicted_bytes += (uint64_t)sqlite3_column_double(is, 1);
+                rc = SQLITE_OK;
+        }
+        sqlite3_finalize(is);
+        if ((r = kidx__errno(rc)) < 0)
+                goto rollback;
+        r = kidx__exec(db, "INSERT INTO evictions(time_ns, ino, bytes, name) SELECT time_ns, ino, bytes, name"
+                           " FROM evict_intents WHERE ino NOT IN (SELECT ino FROM temp.scan);"
+                           "DELETE FROM evict_intents;");
+        if (r < 0)
+                goto rollback;
         r = kidx__exec(db, RECONCILE);
         if (r < 0)
                 goto rollback;
@@ -180,7 +198,9 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
                 goto rollback;
         idx->stats.rebuilds++;
         if ((r = kidx__set_meta(idx, "seq", (int64_t)idx->stats.seq)) < 0 ||
-            (r = kidx__set_meta(idx, "rebuilds", (int64_t)idx->stats.rebuilds)) < 0)
+            (r = kidx__set_meta(idx, "rebuilds", (int64_t)idx->stats.rebuilds)) < 0 ||
+            (r = kidx__set_meta(idx, "evicted_files", (int64_t)idx->stats.evicted_files)) < 0 ||
+            (r = kidx__set_meta(idx, "evicted_bytes", (int64_t)idx->stats.evicted_bytes)) < 0)
                 goto rollback;
         r = kidx__exec(db, "COMMIT");
         if (r == 0)

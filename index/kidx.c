@@ -33,7 +33,12 @@ static const char *const SCHEMA =
         "  ino INTEGER NOT NULL, type INTEGER NOT NULL, PRIMARY KEY(dir, name)) WITHOUT ROWID;"
         "CREATE INDEX IF NOT EXISTS dents_ino ON dents(ino);"
         "CREATE TABLE IF NOT EXISTS evictions(id INTEGER PRIMARY KEY, time_ns INTEGER NOT NULL,"
-        "  ino INTEGER NOT NULL, bytes INTEGER NOT NULL, name TEXT NOT NULL);";
+        "  ino INTEGER NOT NULL, bytes INTEGER NOT NULL, name TEXT NOT NULL);"
+        /* Evictions about to happen, committed before any file goes (kidx_evict_intents), so that a crash
+         * between a removal and the next flush cannot lose its record: the reconcile after the crash
+         * logs the intents whose file is gone and drops the others. */
+        "CREATE TABLE IF NOT EXISTS evict_intents(ino INTEGER PRIMARY KEY, bytes INTEGER NOT NULL,"
+        "  name TEXT NOT NULL, time_ns INTEGER NOT NULL);";
 
 static const char *const STMT_SQL[ST__COUNT] = {
         [ST_TOUCH] = "UPDATE files SET seq = CASE WHEN ?1 > 0 THEN ?1 ELSE seq END,"
@@ -52,6 +57,8 @@ static const char *const STMT_SQL[ST__COUNT] = {
         [ST_LRU] = "SELECT ino, seq, bytes, atime_ns FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2",
         [ST_NAMES] = "SELECT dir, name FROM dents WHERE ino = ?1",
         [ST_PARENT] = "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1",
+        [ST_INTENT_ADD] = "INSERT OR REPLACE INTO evict_intents(ino, bytes, name, time_ns) VALUES (?1, ?2, ?3, ?4)",
+        [ST_INTENT_DEL] = "DELETE FROM evict_intents WHERE ino = ?1",
 };
 
 /* Evictions remembered for operators (kcache, the crash tests). */
@@ -396,6 +403,12 @@ static int apply_op(kidx *idx, const struct kidx__op *op)
                 sqlite3_bind_int64(st, 2, (int64_t)op->a);
                 sqlite3_bind_int64(st, 3, (int64_t)op->b);
                 sqlite3_bind_text(st, 4, op->s1 ? op->s1 : "", -1, SQLITE_STATIC);
+                if ((r = step_reset(st)) < 0)
+                        return r;
+                __attribute__((fallthrough)); /* the intent is fulfilled */
+        case OP_EVICT_CANCEL:
+                st = idx->st[ST_INTENT_DEL];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
                 return step_reset(st);
         }
         return -EINVAL;
@@ -428,6 +441,25 @@ static int apply_touch(kidx *idx, uint64_t ino, const struct kidx__touch *t)
                 sqlite3_bind_int64(st, 6, t->pinned);
         sqlite3_bind_int64(st, 7, (int64_t)ino);
         return step_reset(st);
+}
+
+int kidx_evict_intents(kidx *idx, size_t n, const struct kidx_intent *v, int64_t now_ns)
+{
+        if (!n)
+                return 0;
+        pthread_mutex_lock(&idx->db_lock);
+        int r = kidx__exec(idx->db, "BEGIN IMMEDIATE");
+        sqlite3_stmt *st = idx->st[ST_INTENT_ADD];
+        for (size_t i = 0; i < n && r == 0; i++) {
+                sqlite3_bind_int64(st, 1, (int64_t)v[i].ino);
+                sqlite3_bind_int64(st, 2, (int64_t)v[i].bytes);
+                sqlite3_bind_text(st, 3, v[i].name ? v[i].name : "", -1, SQLITE_STATIC);
+                sqlite3_bind_int64(st, 4, now_ns);
+                r = step_reset(st);
+        }
+        r = kidx__exec(idx->db, r == 0 ? "COMMIT" : "ROLLBACK") ?: r;
+        pthread_mutex_unlock(&idx->db_lock);
+        return r;
 }
 
 int kidx_flush(kidx *idx)

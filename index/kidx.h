@@ -131,6 +131,15 @@ int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size);
 /* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it. */
 void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int64_t now_ns);
+/* Write-ahead records of evictions: committed now, before any of the files is removed. Each must be
+ * followed by kidx_evicted() (done) or kidx_evict_cancel() (the file stayed). After a crash, the
+ * reconcile logs those whose file is gone as evictions. Returns 0 or -errno (then evict nothing). */
+struct kidx_intent {
+        uint64_t ino, bytes;
+        const char *name;
+};
+int kidx_evict_intents(kidx *idx, size_t n, const struct kidx_intent *v, int64_t now_ns);
+void kidx_evict_cancel(kidx *idx, uint64_t ino);
 
 /* Reconciles the index with the tree while serving (kcache verify --repair): the batch keeps collecting
  * meanwhile and is applied on top. Returns 0 or -errno. */

@@ -158,7 +158,8 @@ def workdir():
         subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
     for m in mounts:
         subprocess.run(["umount", "-l", m], capture_output=True)
-    shutil.rmtree(d, ignore_errors=True)
+    if not os.environ.get("KCACHEFS_KEEP"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def mount_tmpfs(path, size="256m", extra="noatime"):
