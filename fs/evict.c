@@ -99,7 +99,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/file.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -752,6 +754,98 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
 }
 
 /* evict_lock held. Runs the repairs of this batch's units and the ones left over from earlier batches. */
+/* The repairer. NEO's processes take config.file's flock blocking, so they queue; an attempt with
+ * LOCK_NB only wins in the instant between one holder and the next, which under a busy NEO may never
+ * come, and NEO's count would then stay inflated (and NEO refuse to store) for as long as it is busy.
+ * So a NEO repair that found the lock held is handed to this thread, which queues for the lock like
+ * NEO's own processes and, once it holds it, removes config.file under evict_lock (the lock order is
+ * the flock, then evict_lock; eviction itself never waits for a flock). Stopped by kfs_evict_stop(),
+ * which interrupts a wait with SIGUSR2. */
+static void repairer_wake(int sig)
+{
+        (void)sig;
+}
+
+static void drop_repair_locked(struct kfs *fs, enum kfs_rt rt, const char *dir)
+{
+        for (size_t k = 0; k < fs->nrepairs; k++)
+                if (fs->repairs[k].rt == rt && !strcmp(fs->repairs[k].dir, dir)) {
+                        free(fs->repairs[k].dir);
+                        fs->repairs[k] = fs->repairs[--fs->nrepairs];
+                        return;
+                }
+}
+
+static void *repairer_main(void *arg)
+{
+        struct kfs *fs = arg;
+        pthread_mutex_lock(&fs->evict_lock);
+        while (!fs->repairer_stop) {
+                char *dir = NULL;
+                for (size_t k = 0; k < fs->nrepairs && !dir; k++)
+                        if (fs->repairs[k].rt == KFS_RT_NEO)
+                                dir = strdup(fs->repairs[k].dir);
+                if (!dir) {
+                        pthread_cond_wait(&fs->repair_cond, &fs->evict_lock);
+                        continue;
+                }
+                pthread_mutex_unlock(&fs->evict_lock);
+                int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int fd = dfd < 0 ? -1 : openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
+                struct notify_list nl = { 0 };
+                pthread_mutex_lock(&fs->evict_lock);
+                if (!fs->repairer_stop && (locked || fd < 0)) {
+                        if (locked)
+                                remove_noted(fs, dfd, "config.file", &nl);
+                        drop_repair_locked(fs, KFS_RT_NEO, dir);
+                }
+                pthread_mutex_unlock(&fs->evict_lock);
+                notify_all(fs, &nl);
+                if (fd >= 0)
+                        close(fd); /* releases the flock */
+                if (dfd >= 0)
+                        close(dfd);
+                free(dir);
+                pthread_mutex_lock(&fs->evict_lock);
+        }
+        pthread_mutex_unlock(&fs->evict_lock);
+        return NULL;
+}
+
+/* evict_lock held: a NEO repair waits; wake (or start) the repairer. */
+static void repairer_kick_locked(struct kfs *fs)
+{
+        if (!fs->repairer_started) {
+                struct sigaction sa = { .sa_handler = repairer_wake }; /* no SA_RESTART: flock returns EINTR */
+                sigemptyset(&sa.sa_mask);
+                sigaction(SIGUSR2, &sa, NULL);
+                fs->repairer_started = pthread_create(&fs->repairer, NULL, repairer_main, fs) == 0;
+        }
+        pthread_cond_signal(&fs->repair_cond);
+}
+
+void kfs_evict_stop(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->evict_lock);
+        fs->repairer_stop = true;
+        bool started = fs->repairer_started;
+        pthread_cond_broadcast(&fs->repair_cond);
+        pthread_mutex_unlock(&fs->evict_lock);
+        while (started) { /* a signal may come before the flock starts waiting: repeat until it ends */
+                pthread_kill(fs->repairer, SIGUSR2);
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                ts.tv_nsec += 10 * 1000000;
+                if (ts.tv_nsec >= 1000000000) {
+                        ts.tv_sec++;
+                        ts.tv_nsec -= 1000000000;
+                }
+                started = pthread_timedjoin_np(fs->repairer, NULL, &ts) != 0;
+        }
+        fs->repairer_started = false;
+}
+
 static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *nl)
 {
         for (size_t i = 0; i < vs->nu; i++) {
@@ -768,13 +862,18 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
                 }
         }
         size_t keep = 0;
+        bool neo = false;
         for (size_t k = 0; k < fs->nrepairs; k++) {
-                if (repair(fs, fs->repairs[k].rt, fs->repairs[k].dir, nl))
+                if (repair(fs, fs->repairs[k].rt, fs->repairs[k].dir, nl)) {
                         free(fs->repairs[k].dir);
-                else
+                } else {
+                        neo |= fs->repairs[k].rt == KFS_RT_NEO;
                         fs->repairs[keep++] = fs->repairs[k];
+                }
         }
         fs->nrepairs = keep;
+        if (neo && !fs->repairer_stop)
+                repairer_kick_locked(fs);
 }
 
 /* evict_lock held. Removes the victims that cover goal bytes (at most max_victims), continuing the LRU

@@ -6,7 +6,7 @@
  *   options.c   parsing of kcachefs's own -o options and sizes
  *   inode.c     the inode table: one O_PATH fd per backing inode, lookup counts, open counts
  *   ops-entry.c lookup, getattr, setattr, readdir, and the namespace operations
- *   ops-io.c    create, open, read, write, fallocate, flush, fsync, release
+ *   ops-io.c    create, open, read, write, fallocate, lseek, flush, fsync, release
  *   ops-xattr.c extended attributes, passed through
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
@@ -119,6 +119,9 @@ struct kfs {
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         struct kfs_repair *repairs; /* bookkeeping repairs that found the runtime's lock held; evict_lock */
         size_t nrepairs;
+        pthread_cond_t repair_cond; /* a NEO repair waits: wakes the repairer; with evict_lock */
+        pthread_t repairer;         /* takes NEO's flock blocking, queued like NEO's own processes */
+        bool repairer_started, repairer_stop; /* evict_lock */
         pthread_mutex_t evict_lock; /* one eviction at a time */
 };
 
@@ -184,6 +187,8 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino);
 bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
 /* Frees eviction's own state (repairs still pending are forgotten: the next mount's evictions redo them). */
 void kfs_evict_free(struct kfs *fs);
+/* Stops the repairer thread (before the index and the session go). */
+void kfs_evict_stop(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 
@@ -237,6 +242,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op);
 void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi);
 void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi);
+void kfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi);
 void kfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const char *value, size_t size, int flags);
 void kfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t size);
 void kfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size);

@@ -336,6 +336,7 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->itable_lock, NULL);
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
+        pthread_cond_init(&fs->repair_cond, NULL);
         kmap_init(&fs->itable);
         kmap_init(&fs->detached);
         if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0)
@@ -433,6 +434,7 @@ int main(int argc, char *argv[])
         }
         ret = ret < 0 ? 1 : 0;
 out_unmount:
+        kfs_evict_stop(&fs);
         fuse_session_unmount(fs.se);
 out_signals:
         fuse_remove_signal_handlers(fs.se);

@@ -1,4 +1,4 @@
-/* ops-io.c: create, open, read, write, fallocate, flush, fsync, release.
+/* ops-io.c: create, open, read, write, fallocate, lseek, flush, fsync, release.
  *
  * The access log is written here: every open, read, write and create is one kidx_touch() (memory only).
  * Opens also invalidate the kernel's cached attributes of the inode (attributes only, never its pages),
@@ -267,6 +267,18 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 atomic_store(&in->atime_ns, now);
         }
         fuse_reply_write(req, (size_t)res);
+}
+
+/* SEEK_DATA and SEEK_HOLE (the kernel answers the other whences itself): the backing file knows its
+ * holes. Without this op the kernel would call the whole file data. */
+void kfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
+{
+        (void)ino;
+        off_t r = lseek((int)fi->fh, off, whence);
+        if (r < 0)
+                fuse_reply_err(req, errno);
+        else
+                fuse_reply_lseek(req, r);
 }
 
 void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t len, struct fuse_file_info *fi)

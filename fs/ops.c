@@ -74,5 +74,6 @@ const struct fuse_lowlevel_ops kfs_ops = {
         .access = kfs_op_access,
         .create = kfs_op_create,
         .fallocate = kfs_op_fallocate,
+        .lseek = kfs_op_lseek,
         .flock = kfs_op_flock,
 };

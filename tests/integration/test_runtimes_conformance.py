@@ -77,9 +77,15 @@ NEO_LIMIT = 64 << 20  # NEO's own limit, far above the cache's: NEO refuses only
 
 
 def neo_count(root):
+    """NEO's recount: the sizes of the *_cache files it finds (one evicted meanwhile counts nothing)."""
     total = 0
     for dp, _, fns in os.walk(root):
-        total += sum(os.path.getsize(os.path.join(dp, f)) for f in fns if f.endswith("_cache"))
+        for f in fns:
+            if f.endswith("_cache"):
+                try:
+                    total += os.path.getsize(os.path.join(dp, f))
+                except FileNotFoundError:
+                    pass
     return total
 
 
@@ -106,11 +112,15 @@ def neo_worker(mnt, wid, nkeys, stop_at, q):
             continue
         stores += 1
         cfg = os.path.join(root, "config.file")
-        try:
-            fd = os.open(cfg, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o664)
-            created = True
-        except FileExistsError:
-            fd, created = os.open(cfg, os.O_RDWR), False
+        fd = -1
+        while fd < 0:  # as NEO: create it, or open the existing one (which a repair may just have removed)
+            try:
+                fd, created = os.open(cfg, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o664), True
+            except FileExistsError:
+                try:
+                    fd, created = os.open(cfg, os.O_RDWR), False
+                except FileNotFoundError:
+                    pass
         fcntl.flock(fd, fcntl.LOCK_EX)
         if created:  # NEO recounts only when it creates the file
             os.pwrite(fd, struct.pack("=Q", neo_count(root)), 0)
