@@ -23,7 +23,12 @@ static void prog_leave(kcache *kc, void *p, void *data)
                 kcache__cl_refresh_one(kc, p, data);
 }
 
-static const struct kcache__obj_ops prog_ops = { prog_retain, prog_release, prog_leave };
+static void rec_free(void *data)
+{
+        kcache__cl_rec_free(data);
+}
+
+static const struct kcache__obj_ops prog_ops = { prog_retain, prog_release, prog_leave, rec_free };
 
 static cl_program compile_uncached(cl_context ctx, cl_uint ndev, const cl_device_id *devs,
                                    const struct kcache__cl_input *in, cl_int *err);
@@ -94,7 +99,7 @@ static cl_program build(kcache *kc, cl_context ctx, cl_uint ndev, const cl_devic
         } else {
                 atomic_fetch_add(&kc->st.hits, 1);
         }
-        kcache__flight_end(kc, ctx, h, p, e, rec); /* the table owns rec from here */
+        kcache__flight_end(kc, ctx, h, &prog_ops, p, e, rec); /* the table owns rec from here */
         rec = NULL;
 out:
         kcache__cl_rec_free(rec);

@@ -54,7 +54,8 @@ static void unlink_free(kcache *kc, struct kcache__flight *f)
         if (f->obj && f->ops)
                 f->ops->release(kc, f->obj);
         pthread_cond_destroy(&f->cond);
-        free(f->data);
+        if (f->data)
+                f->ops->free_data(f->data);
         free(f);
 }
 
@@ -109,16 +110,18 @@ static void trim(kcache *kc)
         }
 }
 
-void kcache__flight_end(kcache *kc, const void *owner, struct kcache__hash h, void *obj, int err, void *data)
+void kcache__flight_end(kcache *kc, const void *owner, struct kcache__hash h, const struct kcache__obj_ops *ops,
+                        void *obj, int err, void *data)
 {
         pthread_mutex_lock(&kc->lock);
         struct kcache__flight *f = NULL;
         for (struct kcache__flight *g = kc->flights; g; g = g->next)
                 if (g->owner == owner && g->h.hi == h.hi && g->h.lo == h.lo && g->state == BUILDING)
                         f = g;
-        if (!f) {
+        if (!f) { /* begin had no memory for a record */
                 pthread_mutex_unlock(&kc->lock);
-                free(data);
+                if (data)
+                        ops->free_data(data);
                 return;
         }
         f->obj = obj;

@@ -90,13 +90,15 @@ struct kcache__obj_ops {
         void (*release)(kcache *kc, void *obj);
         /* Called (under kc->lock) before a kept object leaves the table; may store, never lock. */
         void (*leave)(kcache *kc, void *obj, void *data);
+        void (*free_data)(void *data); /* frees the backend's per-object record */
 };
 enum { KCACHE__FLIGHT_BUILD, KCACHE__FLIGHT_READY, KCACHE__FLIGHT_FAILED };
 int kcache__flight_begin(kcache *kc, const void *owner, struct kcache__hash h, const struct kcache__obj_ops *ops,
                          void **obj, int *err);
 /* OBJ is retained by the table if kept (err == 0 and capacity > 0). DATA is the backend's per-object
- * record (freed with free() when the object leaves the table), or NULL. */
-void kcache__flight_end(kcache *kc, const void *owner, struct kcache__hash h, void *obj, int err, void *data);
+ * record (freed with ops->free_data when the record goes), or NULL; OPS as given to begin. */
+void kcache__flight_end(kcache *kc, const void *owner, struct kcache__hash h, const struct kcache__obj_ops *ops,
+                        void *obj, int err, void *data);
 /* Calls FN on every ready object (under kc->lock: FN must not call back into the table). */
 void kcache__flight_each(kcache *kc, void (*fn)(kcache *kc, void *obj, void *data, void *arg), void *arg);
 /* Drops every object of OWNER (NULL: all). */

@@ -276,7 +276,7 @@ KCACHE__EXPORT ze_result_t kcache_ze_module_create(kcache *kc, ze_context_handle
                 kcache__unlock(lockfd);
         }
         if (flight == KCACHE__FLIGHT_BUILD)
-                kcache__flight_end(kc, ctx, k.hash, NULL, (int)r, NULL);
+                kcache__flight_end(kc, ctx, k.hash, NULL, NULL, (int)r, NULL);
         kcache__key_free(&k);
         return r;
 }
