@@ -185,6 +185,15 @@ static int open_checked(kidx *idx, bool *ret_new)
                 snprintf(sql, sizeof(sql), "PRAGMA user_version=%d", KIDX_SCHEMA_VERSION);
                 return kidx__exec(idx->db, sql);
         }
+        if (ver == 1) { /* version 2 added the write-ahead eviction intents: an index of 1 gains the table */
+                r = kidx__exec(idx->db, "BEGIN IMMEDIATE;"
+                                        "CREATE TABLE IF NOT EXISTS evict_intents(ino INTEGER PRIMARY KEY,"
+                                        "  bytes INTEGER NOT NULL, name TEXT NOT NULL, time_ns INTEGER NOT NULL);"
+                                        "PRAGMA user_version=2; COMMIT;");
+                if (r < 0)
+                        return r;
+                ver = 2;
+        }
         if (ver != KIDX_SCHEMA_VERSION)
                 return -EPROTO;
         *ret_new = false;

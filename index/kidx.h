@@ -30,7 +30,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define KIDX_SCHEMA_VERSION 1
+#define KIDX_SCHEMA_VERSION 2 /* 2: evict_intents; an index of version 1 is upgraded in place */
 
 typedef struct kidx kidx;
 

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 
-BUILD = os.path.join(ROOT, "build")
+BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 CL_DEMO = os.path.join(BUILD, "tests", "kc-cl-demo")
 ZE_DEMO = os.path.join(BUILD, "tests", "kc-ze-demo")
 ZE_FAKE = os.path.join(BUILD, "tests", "libze_fake.so")

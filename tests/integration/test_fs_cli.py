@@ -149,3 +149,27 @@ def test_index_elsewhere_and_on_read_only_place(kfs, workdir):
     cleanup.insert(0, ro)
     bad = Mount(m.backing, m.mnt, index=os.path.join(ro, "i.db"))
     one_error_line(bad.start(check=False), "not writable")
+
+
+def test_an_index_of_the_previous_schema_is_upgraded_in_place(kfs):
+    """Version 1 (before the eviction intents) opens, keeps its files and recency, and becomes version 2."""
+    import sqlite3
+    m = kfs({"max_size": "64M"})
+    for i in range(5):
+        with open(m.path(f"f{i}"), "wb") as f:
+            f.write(b"x" * 5000)
+    m.stop()
+    db = sqlite3.connect(m.index_path)
+    seqs = dict(db.execute("SELECT ino, seq FROM files").fetchall())
+    db.execute("DROP TABLE evict_intents")
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    p = m.start()
+    assert "rebuilt" not in p.stderr, p.stderr  # an upgrade, not a rescan
+    m.stop()
+    db = sqlite3.connect(m.index_path)
+    assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert db.execute("SELECT count(*) FROM evict_intents").fetchone()[0] == 0
+    assert dict(db.execute("SELECT ino, seq FROM files").fetchall()) == seqs
+    db.close()

@@ -12,7 +12,7 @@ import time
 from conftest import ROOT
 from test_client_libkcache import CL_DEMO, entries, pocl_env, run_json, tmp  # noqa: F401 (fixture)
 
-BUILD = os.path.join(ROOT, "build")
+BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 PLAIN = os.path.join(BUILD, "tests", "cl-plain")
 LAYER = os.path.join(BUILD, "layer", "libkcache-layer.so")
 

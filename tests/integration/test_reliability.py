@@ -16,7 +16,7 @@ import pytest
 
 from conftest import HERE, ROOT, backing_files, pid_alive, wait_for
 
-BUILD = os.path.join(ROOT, "build")
+BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
 FSX = os.path.join(BUILD, "tests", "fsx")
 
