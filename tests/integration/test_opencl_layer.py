@@ -91,3 +91,17 @@ def test_layer_and_library_share_entries(tmp):
     run_json([PLAIN], layer_env(tmp, "a", d))
     lib, _, _ = run_json([CL_DEMO, "--dir", d], pocl_env(tmp, "b"))
     assert (lib["hits"], lib["compiles"]) == (1, 0)
+
+
+def test_children_inherit_only_the_first_layer_path(tmp):
+    """What the README says: ocl-icd cuts OPENCL_LAYERS to its first path in the process's environment,
+    which its children inherit. So the kcache layer must come first."""
+    code = ("import ctypes\n"
+            "libc = ctypes.CDLL(None); libc.getenv.restype = ctypes.c_char_p\n"
+            "n = ctypes.c_uint()\n"
+            "ctypes.CDLL('libOpenCL.so.1').clGetPlatformIDs(0, None, ctypes.byref(n))\n"
+            "print(libc.getenv(b'OPENCL_LAYERS').decode())\n")
+    env = dict(os.environ, **pocl_env(tmp, "a"), OPENCL_LAYERS=f"{LAYER}:/nonexistent/second-layer.so",
+               KCACHE_DIR=os.path.join(tmp, "c"))
+    out = subprocess.run(["/usr/bin/python3", "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == LAYER
