@@ -35,11 +35,13 @@ int main(int argc, char **argv)
         struct kcache__entry_view v;
         if (!e || kcache__entry_parse(e, len, NULL, 0, &v) != KCACHE__OK) {
                 fprintf(stderr, "kc-entry: %s is not a valid entry\n", argv[2]);
+                free(e);
                 return 1;
         }
         if (!strcmp(argv[1], "payload")) {
                 FILE *f = fopen(argv[3], "wb");
                 fwrite(v.payload, 1, v.payload_len, f);
+                free(e);
                 return fclose(f) ? 1 : 0;
         }
         size_t plen;
@@ -51,5 +53,7 @@ int main(int argc, char **argv)
         fwrite(head, 1, sizeof(head), f);
         fwrite(v.key, 1, v.key_len, f);
         fwrite(p, 1, plen, f);
+        free(p);
+        free(e);
         return fclose(f) ? 1 : 0;
 }

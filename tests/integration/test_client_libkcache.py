@@ -303,7 +303,8 @@ def test_level_zero_single_flight_threads_and_processes(tmp):
 
 def test_pkgconfig_from_the_build_directory(tmp):
     """An application builds against libkcache straight from the build directory."""
-    env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(BUILD, "meson-uninstalled"))
+    plain = os.path.join(ROOT, "build")  # not build-asan: an application built without -fsanitize
+    env = dict(os.environ, PKG_CONFIG_PATH=os.path.join(plain, "meson-uninstalled"))
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "kcache-opencl"], env=env, capture_output=True,
                            text=True, check=True).stdout.split()
     exe = os.path.join(tmp, "app")
