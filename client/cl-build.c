@@ -4,19 +4,11 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "cl-int.h"
 
 #define CL_REC_SIZE(n) (sizeof(struct kcache__cl_rec) + (n) * sizeof(((struct kcache__cl_rec *)0)->dev[0]))
-
-static double now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 void kcache__cl_rec_free(struct kcache__cl_rec *rec)
 {
@@ -32,17 +24,14 @@ cl_program kcache__cl_from_binaries(kcache *kc, cl_context ctx, struct kcache__c
                                 size_t *sizes, const char *options, cl_int *e)
 {
         const struct kcache__clfns *f = ((struct kcache__cl *)kc->cl)->fns;
-        cl_device_id ids[KCACHE__CL_MAXDEV] = { 0 };
         cl_int status[KCACHE__CL_MAXDEV];
-        for (cl_uint i = 0; i < rec->ndev; i++)
-                ids[i] = rec->dev[i].id;
-        cl_program p = f->CreateProgramWithBinary(ctx, rec->ndev, ids, sizes, (const unsigned char **)bins,
+        cl_program p = f->CreateProgramWithBinary(ctx, rec->ndev, rec->ids, sizes, (const unsigned char **)bins,
                                                   status, e);
         for (cl_uint i = 0; p && *e == CL_SUCCESS && i < rec->ndev; i++)
                 if (status[i] != CL_SUCCESS)
                         *e = status[i];
         if (p && *e == CL_SUCCESS)
-                *e = f->BuildProgram(p, rec->ndev, ids, options, NULL, NULL);
+                *e = f->BuildProgram(p, rec->ndev, rec->ids, options, NULL, NULL);
         if (*e != CL_SUCCESS && p) {
                 f->ReleaseProgram(p);
                 p = NULL;
@@ -54,20 +43,18 @@ cl_program kcache__cl_from_binaries(kcache *kc, cl_context ctx, struct kcache__c
 cl_program kcache__cl_load(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, const char *options)
 {
         cl_uint n = rec->ndev;
-        uint8_t *files[KCACHE__CL_MAXDEV];
         unsigned char *bins[KCACHE__CL_MAXDEV];
         size_t sizes[KCACHE__CL_MAXDEV];
-        struct kcache__entry_view v;
         cl_uint got = 0;
         for (; got < n; got++) {
-                if (kcache__entry_load(kc, rec->dev[got].relpath, &rec->dev[got].key, &files[got], &v) < 0)
+                void *data;
+                if (kcache__entry_load(kc, rec->dev[got].relpath, &rec->dev[got].key, &data, &sizes[got]) < 0)
                         break;
-                bins[got] = (unsigned char *)v.payload;
-                sizes[got] = v.payload_len;
+                bins[got] = data;
         }
         cl_program p = NULL;
         if (got == n) {
-                double t0 = now_ms();
+                double t0 = kcache__now_ms();
                 cl_int e;
                 p = kcache__cl_from_binaries(kc, ctx, rec, bins, sizes, options, &e);
                 if (p) {
@@ -75,7 +62,7 @@ cl_program kcache__cl_load(kcache *kc, cl_context ctx, struct kcache__cl_rec *re
                         for (cl_uint i = 0; i < n; i++)
                                 rec->dev[i].stored = sizes[i];
                         kcache__trace(kc, "loaded program from %u entr%s in %.1f ms", n, n == 1 ? "y" : "ies",
-                                      now_ms() - t0);
+                                      kcache__now_ms() - t0);
                 } else {
                         kcache__trace(kc, "reject: the driver refused the cached binary (%s); removing the "
                                       "entries and compiling from source", kcache__cl_errstr(e));
@@ -85,7 +72,22 @@ cl_program kcache__cl_load(kcache *kc, cl_context ctx, struct kcache__cl_rec *re
                 }
         }
         for (cl_uint i = 0; i < got; i++)
-                free(files[i]);
+                free(bins[i]);
+        return p;
+}
+
+cl_program kcache__cl_load_or_lock(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, const char *options,
+                                   int *ret_lockfd)
+{
+        *ret_lockfd = -1;
+        cl_program p = kcache__cl_load(kc, ctx, rec, options);
+        if (!p && !kc->disabled) {
+                bool waited = false;
+                *ret_lockfd = kcache__lock(kc, rec->dev[0].reldir, &rec->dev[0].key, &waited);
+                if (waited) /* another process compiled it while we waited */
+                        p = kcache__cl_load(kc, ctx, rec, options);
+        }
+        atomic_fetch_add(p ? &kc->st.hits : &kc->st.misses, 1);
         return p;
 }
 
@@ -94,10 +96,10 @@ static void trace_build_log(kcache *kc, cl_program p, const struct kcache__cl_re
         const struct kcache__clfns *f = ((struct kcache__cl *)kc->cl)->fns;
         for (cl_uint i = 0; i < rec->ndev; i++) {
                 size_t n = 0;
-                if (f->GetProgramBuildInfo(p, rec->dev[i].id, CL_PROGRAM_BUILD_LOG, 0, NULL, &n) != CL_SUCCESS || !n)
+                if (f->GetProgramBuildInfo(p, rec->ids[i], CL_PROGRAM_BUILD_LOG, 0, NULL, &n) != CL_SUCCESS || !n)
                         continue;
                 char *log = calloc(1, n + 1);
-                if (log && f->GetProgramBuildInfo(p, rec->dev[i].id, CL_PROGRAM_BUILD_LOG, n, log, NULL) == CL_SUCCESS)
+                if (log && f->GetProgramBuildInfo(p, rec->ids[i], CL_PROGRAM_BUILD_LOG, n, log, NULL) == CL_SUCCESS)
                         kcache__trace(kc, "build log (device %u): %.600s", i, log);
                 free(log);
         }
@@ -108,7 +110,7 @@ cl_program kcache__cl_compile(kcache *kc, cl_context ctx, struct kcache__cl_rec 
                           cl_int *e, bool counted)
 {
         const struct kcache__clfns *f = ((struct kcache__cl *)kc->cl)->fns;
-        double t0 = now_ms();
+        double t0 = kcache__now_ms();
         cl_program p;
         if (!strcmp(in->kind, "il")) {
                 p = f->CreateProgramWithIL(ctx, in->data, in->len, e);
@@ -125,14 +127,11 @@ cl_program kcache__cl_compile(kcache *kc, cl_context ctx, struct kcache__cl_rec 
                 kcache__trace(kc, "compile: creating the program failed: %s", kcache__cl_errstr(*e));
                 return NULL;
         }
-        cl_device_id ids[KCACHE__CL_MAXDEV] = { 0 };
-        for (cl_uint i = 0; i < rec->ndev; i++)
-                ids[i] = rec->dev[i].id;
-        *e = f->BuildProgram(p, rec->ndev, ids, in->options, NULL, NULL);
+        *e = f->BuildProgram(p, rec->ndev, rec->ids, in->options, NULL, NULL);
         if (!counted)
                 return p;
         atomic_fetch_add(&kc->st.compiles, 1);
-        kcache__trace(kc, "compile: %s in %.1f ms", kcache__cl_errstr(*e), now_ms() - t0);
+        kcache__trace(kc, "compile: %s in %.1f ms", kcache__cl_errstr(*e), kcache__now_ms() - t0);
         if (*e != CL_SUCCESS && KCACHE__TRACING(kc))
                 trace_build_log(kc, p, rec);
         if (*e != CL_SUCCESS && *e != CL_BUILD_PROGRAM_FAILURE) {
@@ -156,13 +155,10 @@ cl_program kcache__cl_store(kcache *kc, cl_context ctx, cl_program p, struct kca
         cl_uint n = rec->ndev;
         unsigned char *bins[KCACHE__CL_MAXDEV];
         size_t sizes[KCACHE__CL_MAXDEV];
-        cl_device_id ids[KCACHE__CL_MAXDEV] = { 0 };
-        for (cl_uint i = 0; i < n; i++)
-                ids[i] = rec->dev[i].id;
         cl_program src = p;
         if (rec->recapture) {
                 cl_int e;
-                double t0 = now_ms();
+                double t0 = kcache__now_ms();
                 src = kcache__cl_compile(kc, ctx, rec, in, &e, false);
                 if (!src || e != CL_SUCCESS) {
                         kcache__trace(kc, "recapture: the twin build failed (%s); storing the program's own binary",
@@ -172,10 +168,10 @@ cl_program kcache__cl_store(kcache *kc, cl_context ctx, cl_program p, struct kca
                         src = p;
                         rec->recapture = false;
                 } else {
-                        kcache__trace(kc, "recapture: twin built in %.1f ms", now_ms() - t0);
+                        kcache__trace(kc, "recapture: twin built in %.1f ms", kcache__now_ms() - t0);
                 }
         }
-        cl_int e = kcache__cl_binaries(kc, src, n, ids, bins, sizes);
+        cl_int e = kcache__cl_binaries(kc, src, n, rec->ids, bins, sizes);
         if (src != p)
                 ((struct kcache__cl *)kc->cl)->fns->ReleaseProgram(src);
         if (e != CL_SUCCESS) {
@@ -200,10 +196,7 @@ int kcache__cl_refresh_one(kcache *kc, cl_program prog, struct kcache__cl_rec *r
         cl_uint n = rec->ndev;
         unsigned char *bins[KCACHE__CL_MAXDEV];
         size_t sizes[KCACHE__CL_MAXDEV];
-        cl_device_id ids[KCACHE__CL_MAXDEV] = { 0 };
-        for (cl_uint i = 0; i < n; i++)
-                ids[i] = rec->dev[i].id;
-        if (kcache__cl_binaries(kc, prog, n, ids, bins, sizes) != CL_SUCCESS)
+        if (kcache__cl_binaries(kc, prog, n, rec->ids, bins, sizes) != CL_SUCCESS)
                 return 0;
         int stored = 0;
         for (cl_uint i = 0; i < n; i++) {
@@ -247,7 +240,7 @@ int kcache__cl_rec_new(kcache *kc, cl_uint ndev, const cl_device_id *devs, const
                         return r;
                 }
                 rec->ndev = i + 1;
-                rec->dev[i].id = devs[i];
+                rec->ids[i] = devs[i];
                 rec->dev[i].reldir = d->reldir;
                 pocl &= d->pocl;
                 XXH3_128bits_update(hs, &rec->dev[i].key.hash, sizeof(rec->dev[i].key.hash));

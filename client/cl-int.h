@@ -77,8 +77,8 @@ cl_int kcache__cl_binaries(kcache *kc, cl_program prog, cl_uint ndev, const cl_d
 struct kcache__cl_rec {
         bool recapture;              /* refresh grown binaries of this program */
         cl_uint ndev;
+        cl_device_id ids[KCACHE__CL_MAXDEV]; /* the devices, in order: as the OpenCL calls take them */
         struct {
-                cl_device_id id;
                 const char *reldir;  /* the device's directory (its identity lives until close) */
                 size_t stored;       /* bytes of the binary in the entry */
                 struct kcache__key key;
@@ -96,6 +96,12 @@ cl_program kcache__cl_from_binaries(kcache *kc, cl_context ctx, struct kcache__c
 /* Loads every device's entry and builds the program from them; NULL on a miss or a rejection (then the
  * entries are removed). */
 cl_program kcache__cl_load(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, const char *options);
+/* The entries, or else the per-key lock: returns the program built from the entries (a hit), perhaps
+ * after waiting for another process that compiled it; or NULL (a miss) with *ret_lockfd the lock the
+ * caller holds while it compiles and stores, released with kcache__unlock() (-1: none). Counts the hit
+ * or the miss. */
+cl_program kcache__cl_load_or_lock(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec, const char *options,
+                                   int *ret_lockfd);
 /* Compiles IN into a new program; returns it (also a failed one, *e set), or NULL. COUNTED: a compile
  * of the application's (counted and traced), not the twin build. */
 cl_program kcache__cl_compile(kcache *kc, cl_context ctx, struct kcache__cl_rec *rec,

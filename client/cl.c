@@ -81,24 +81,14 @@ static cl_program build(kcache *kc, cl_context ctx, cl_uint ndev, const cl_devic
                 e = (cl_int)ferr;
                 goto out;
         }
-        p = kcache__cl_load(kc, ctx, rec, in->options);
+        int lockfd;
+        p = kcache__cl_load_or_lock(kc, ctx, rec, in->options, &lockfd);
         if (!p) {
-                bool waited = false;
-                int lockfd = kc->disabled ? -1 : kcache__lock(kc, rec->dev[0].reldir, &rec->dev[0].key, &waited);
-                if (waited) /* another process compiled it while we waited */
-                        p = kcache__cl_load(kc, ctx, rec, in->options);
-                if (!p) {
-                        atomic_fetch_add(&kc->st.misses, 1);
-                        p = kcache__cl_compile(kc, ctx, rec, in, &e, true);
-                        if (p && e == CL_SUCCESS)
-                                p = kcache__cl_store(kc, ctx, p, rec, in);
-                } else {
-                        atomic_fetch_add(&kc->st.hits, 1);
-                }
-                kcache__unlock(lockfd);
-        } else {
-                atomic_fetch_add(&kc->st.hits, 1);
+                p = kcache__cl_compile(kc, ctx, rec, in, &e, true);
+                if (p && e == CL_SUCCESS)
+                        p = kcache__cl_store(kc, ctx, p, rec, in);
         }
+        kcache__unlock(lockfd);
         kcache__flight_end(kc, ctx, h, &prog_ops, p, e, rec); /* the table owns rec from here */
         rec = NULL;
 out:

@@ -114,11 +114,8 @@ void kcache__flight_end(kcache *kc, const void *owner, struct kcache__hash h, co
                         void *obj, int err, void *data)
 {
         pthread_mutex_lock(&kc->lock);
-        struct kcache__flight *f = NULL;
-        for (struct kcache__flight *g = kc->flights; g; g = g->next)
-                if (g->owner == owner && g->h.hi == h.hi && g->h.lo == h.lo && g->state == BUILDING)
-                        f = g;
-        if (!f) { /* begin had no memory for a record */
+        struct kcache__flight *f = find(kc, owner, h); /* the one record not DONE: the builder's */
+        if (!f || f->state != BUILDING) { /* begin had no memory for a record */
                 pthread_mutex_unlock(&kc->lock);
                 if (data)
                         ops->free_data(data);

@@ -48,6 +48,8 @@ struct kcache {
 };
 
 /* trace.c */
+/* Milliseconds on the monotonic clock, for the trace's timings and the lock's deadline. */
+double kcache__now_ms(void);
 __attribute__((format(printf, 2, 3))) void kcache__trace(kcache *kc, const char *fmt, ...);
 /* Prints every field of a key record, one per line, under a heading naming its path. */
 void kcache__trace_key(kcache *kc, const char *relpath, const struct kcache__key *key);
@@ -56,14 +58,11 @@ void kcache__trace_key(kcache *kc, const char *relpath, const struct kcache__key
 /* store.c: entries on disk. RELDIR is relative to the cache directory ("blob", "opencl/<slug>"). */
 /* Path of the entry for KEY under RELDIR into out (PATH_MAX). */
 void kcache__entry_path(const char *reldir, const struct kcache__key *key, char *out, size_t size);
-/* Reads and verifies the entry; on success *ret_buf is the whole file (malloc) and *view points
- * into it. Errors: -ENOENT (miss; unusable entries are reported, counted and removed), -ENOMEM, -EIO. */
-int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key *key, uint8_t **ret_buf,
-                       struct kcache__entry_view *view);
-/* The same for a caller that wants the payload alone (kcache_get): it is read straight into the
- * malloc()ed *ret_data, not copied out of the whole file. */
-int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
-                               size_t *ret_len);
+/* Reads and verifies the entry; on success *ret_data is its payload (malloc; read straight into it,
+ * not copied out of the whole file) and *ret_len its length. Errors: -ENOENT (a miss; unusable entries
+ * are reported, counted and removed), -ENOMEM, -EIO. */
+int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
+                       size_t *ret_len);
 /* Publishes an entry (temp file + rename), creating RELDIR as needed. Errors: see kcache_put(). */
 int kcache__entry_store(kcache *kc, const char *relpath, const struct kcache__key *key, const void *data,
                         size_t len);

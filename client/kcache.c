@@ -180,7 +180,7 @@ KCACHE__EXPORT int kcache_get(kcache *kc, const void *key, size_t keylen, void *
                 kcache__trace_key(kc, rel, &k);
         void *data;
         size_t len;
-        r = kcache__entry_load_payload(kc, rel, &k, &data, &len);
+        r = kcache__entry_load(kc, rel, &k, &data, &len);
         kcache__key_free(&k);
         if (r < 0) {
                 atomic_fetch_add(&kc->st.misses, 1);

@@ -17,13 +17,6 @@
 
 #include "kcache-int.h"
 
-static long now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 int kcache__lock(kcache *kc, const char *reldir, const struct kcache__key *key, bool *ret_waited)
 {
         *ret_waited = false;
@@ -41,7 +34,8 @@ int kcache__lock(kcache *kc, const char *reldir, const struct kcache__key *key, 
                 fchmod(fd, 0666); /* every user of a shared cache must be able to take it */
         struct flock fl = { .l_type = F_WRLCK, .l_whence = SEEK_SET,
                             .l_start = (off_t)(key->hash.lo & ((1u << 20) - 1)), .l_len = 1 };
-        long start = now_ms(), delay = 1;
+        double start = kcache__now_ms();
+        long delay = 1;
         bool waited = false;
         for (;;) {
                 if (!fcntl(fd, F_OFD_SETLK, &fl))
@@ -56,8 +50,8 @@ int kcache__lock(kcache *kc, const char *reldir, const struct kcache__key *key, 
                         atomic_fetch_add(&kc->st.lock_waits, 1);
                         kcache__trace(kc, "wait: another process is compiling this key");
                 }
-                if (now_ms() - start >= kc->lock_timeout_ms) {
-                        kcache__trace(kc, "wait: gave up after %ld ms; compiling it here", now_ms() - start);
+                if (kcache__now_ms() - start >= (double)kc->lock_timeout_ms) {
+                        kcache__trace(kc, "wait: gave up after %.0f ms; compiling it here", kcache__now_ms() - start);
                         close(fd);
                         return -1;
                 }
@@ -67,7 +61,7 @@ int kcache__lock(kcache *kc, const char *reldir, const struct kcache__key *key, 
                         delay += delay / 2 + 1;
         }
         if (waited)
-                kcache__trace(kc, "wait: done after %ld ms", now_ms() - start);
+                kcache__trace(kc, "wait: done after %.0f ms", kcache__now_ms() - start);
         *ret_waited = waited;
         return fd;
 }

@@ -48,12 +48,13 @@ bool kcache__trusted(kcache *kc, const struct stat *st, const char **why)
         return ok;
 }
 
-/* Reads exactly len bytes (a file that shrinks under us reads as truncated). */
-static ssize_t read_all(int fd, uint8_t *buf, size_t len)
+/* Reads up to len bytes at off; fewer only at the end of the file (a file that shrank reads as
+ * truncated). Returns the count or -errno. */
+static ssize_t read_at(int fd, uint8_t *buf, size_t len, size_t off)
 {
         size_t got = 0;
         while (got < len) {
-                ssize_t n = pread(fd, buf + got, len - got, (off_t)got);
+                ssize_t n = pread(fd, buf + got, len - got, (off_t)(off + got));
                 if (n < 0 && errno == EINTR)
                         continue;
                 if (n < 0)
@@ -65,71 +66,8 @@ static ssize_t read_all(int fd, uint8_t *buf, size_t len)
         return (ssize_t)got;
 }
 
-int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key *key, uint8_t **ret_buf,
-                       struct kcache__entry_view *view)
-{
-        if (kc->disabled)
-                return -ENOENT;
-        int fd = openat(kc->dirfd, relpath, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-        if (fd < 0) {
-                int e = errno;
-                if (e != ENOENT && e != ENOTDIR)
-                        kcache__trace(kc, "miss %s: %s", relpath, strerror(e));
-                else
-                        kcache__trace(kc, "miss %s: no entry", relpath);
-                return e == ENOENT || e == ENOTDIR || e == ELOOP || e == EACCES ? -ENOENT : -EIO;
-        }
-        struct stat st;
-        const char *why = NULL;
-        int r;
-        uint8_t *buf = NULL;
-        if (fstat(fd, &st) < 0) {
-                r = -EIO;
-                goto out;
-        }
-        if (!kcache__trusted(kc, &st, &why)) {
-                kcache__trace(kc, "reject %s: %s (uid %u); not loaded", relpath, why, (unsigned)st.st_uid);
-                atomic_fetch_add(&kc->st.rejects, 1);
-                r = -ENOENT;
-                goto out;
-        }
-        if ((uint64_t)st.st_size > KCACHE__ENTRY_HEADER + 2 * KCACHE__MAX_PART) {
-                why = "larger than any entry";
-                goto bad;
-        }
-        /* One byte more than the file claims, so a file growing under us reads as oversized. */
-        buf = malloc((size_t)st.st_size + 1);
-        if (!buf) {
-                r = -ENOMEM;
-                goto out;
-        }
-        ssize_t n = read_all(fd, buf, (size_t)st.st_size + 1);
-        if (n < 0) {
-                kcache__trace(kc, "miss %s: read: %s", relpath, strerror((int)-n));
-                r = -EIO;
-                goto out;
-        }
-        enum kcache__verdict v = kcache__entry_parse(buf, (size_t)n, key->buf, key->len, view);
-        if (v == KCACHE__OK) {
-                close(fd);
-                *ret_buf = buf;
-                kcache__trace(kc, "hit %s (%zu bytes)", relpath, view->payload_len);
-                return 0;
-        }
-        why = kcache__verdict_str(v);
-bad:
-        kcache__trace(kc, "reject %s: %s (%lld bytes); removed", relpath, why, (long long)st.st_size);
-        atomic_fetch_add(&kc->st.rejects, 1);
-        kcache__entry_remove(kc, relpath);
-        r = -ENOENT;
-out:
-        free(buf);
-        close(fd);
-        return r;
-}
-
-int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
-                               size_t *ret_len)
+int kcache__entry_load(kcache *kc, const char *relpath, const struct kcache__key *key, void **ret_data,
+                       size_t *ret_len)
 {
         if (kc->disabled)
                 return -ENOENT;
@@ -156,7 +94,7 @@ int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kca
         /* Header and (small) key in one read, the payload straight into the buffer handed out. */
         size_t want = KCACHE__ENTRY_HEADER + key->len <= sizeof(head) ? KCACHE__ENTRY_HEADER + key->len
                                                                       : KCACHE__ENTRY_HEADER;
-        ssize_t n = read_all(fd, head, want);
+        ssize_t n = read_at(fd, head, want, 0);
         if (n < 0) {
                 r = -EIO;
                 goto out;
@@ -170,7 +108,7 @@ int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kca
                         r = -ENOMEM;
                         goto out;
                 }
-                if (pread(fd, kbuf, key->len, KCACHE__ENTRY_HEADER) != (ssize_t)key->len)
+                if (read_at(fd, kbuf, key->len, KCACHE__ENTRY_HEADER) != (ssize_t)key->len)
                         verdict = KCACHE__TRUNCATED;
         } else if (verdict == KCACHE__OK && (size_t)n != want) {
                 verdict = KCACHE__TRUNCATED;
@@ -185,17 +123,7 @@ int kcache__entry_load_payload(kcache *kc, const char *relpath, const struct kca
                         r = -ENOMEM;
                         goto out;
                 }
-                ssize_t got = 0;
-                while ((size_t)got < v.payload_len) {
-                        ssize_t m = pread(fd, payload + got, v.payload_len - (size_t)got,
-                                          (off_t)(KCACHE__ENTRY_HEADER + v.key_len + (size_t)got));
-                        if (m < 0 && errno == EINTR)
-                                continue;
-                        if (m <= 0)
-                                break;
-                        got += m;
-                }
-                if ((size_t)got != v.payload_len)
+                if (read_at(fd, payload, v.payload_len, KCACHE__ENTRY_HEADER + v.key_len) != (ssize_t)v.payload_len)
                         verdict = KCACHE__TRUNCATED;
                 else if (XXH3_64bits(payload, v.payload_len) != v.checksum)
                         verdict = KCACHE__BAD_CHECKSUM;

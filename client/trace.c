@@ -2,10 +2,18 @@
  * field made a key differ and why an entry was not used. Lines are written whole under trace_lock. */
 #include <ctype.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "kcache-int.h"
+
+double kcache__now_ms(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 void kcache__trace(kcache *kc, const char *fmt, ...)
 {

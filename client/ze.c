@@ -5,7 +5,6 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <xxhash.h>
 
 #include "kcache-int.h"
@@ -20,13 +19,6 @@ struct ze_dev {
         char drv_version[16], api_version[16];
         char reldir[96];
 };
-
-static double now_ms(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void ze_close(kcache *kc)
 {
@@ -180,21 +172,21 @@ static int make_key(kcache *kc, const struct ze_dev *d, const ze_module_desc_t *
 static ze_result_t load(kcache *kc, ze_context_handle_t ctx, ze_device_handle_t dev, const ze_module_desc_t *desc,
                         const char *rel, const struct kcache__key *k, ze_module_handle_t *ret)
 {
-        uint8_t *buf;
-        struct kcache__entry_view v;
-        if (kcache__entry_load(kc, rel, k, &buf, &v) < 0)
+        void *bin;
+        size_t len;
+        if (kcache__entry_load(kc, rel, k, &bin, &len) < 0)
                 return ZE_RESULT_ERROR_NOT_AVAILABLE;
         ze_module_desc_t nd = *desc;
         nd.format = ZE_MODULE_FORMAT_NATIVE;
-        nd.inputSize = v.payload_len;
-        nd.pInputModule = v.payload;
+        nd.inputSize = len;
+        nd.pInputModule = bin;
         nd.pConstants = NULL;
-        double t0 = now_ms();
+        double t0 = kcache__now_ms();
         /* No build log here: reading one of a failed native create crashes the loader's intercept. */
         ze_result_t r = zeModuleCreate(ctx, dev, &nd, ret, NULL);
-        free(buf);
+        free(bin);
         if (r == ZE_RESULT_SUCCESS) {
-                kcache__trace(kc, "loaded module from %s in %.1f ms", rel, now_ms() - t0);
+                kcache__trace(kc, "loaded module from %s in %.1f ms", rel, kcache__now_ms() - t0);
         } else {
                 kcache__trace(kc, "reject %s: the driver refused the native binary (0x%x); removing it and "
                               "compiling the IL", rel, (unsigned)r);
@@ -209,10 +201,10 @@ static ze_result_t compile(kcache *kc, ze_context_handle_t ctx, ze_device_handle
                            const char *rel, const struct kcache__key *k, ze_module_handle_t *ret,
                            ze_module_build_log_handle_t *log)
 {
-        double t0 = now_ms();
+        double t0 = kcache__now_ms();
         ze_result_t r = zeModuleCreate(ctx, dev, desc, ret, log);
         atomic_fetch_add(&kc->st.compiles, 1);
-        kcache__trace(kc, "compile: 0x%x in %.1f ms", (unsigned)r, now_ms() - t0);
+        kcache__trace(kc, "compile: 0x%x in %.1f ms", (unsigned)r, kcache__now_ms() - t0);
         if (r != ZE_RESULT_SUCCESS)
                 return r;
         size_t n = 0;

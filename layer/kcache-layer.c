@@ -233,19 +233,10 @@ static cl_int cached_build(struct prog *t, kcache *kc, cl_uint ndev, const cl_de
         struct kcache__hash h;
         if (kcache__cl_rec_new(kc, ndev, devs, &in, &rec, &h) < 0)
                 return L.next->clBuildProgram(t->p, ndev, devs, options, NULL, NULL);
-        cl_program q = kcache__cl_load(kc, t->ctx, rec, in.options);
-        int lockfd = -1;
-        if (!q && !kc->disabled) {
-                bool waited = false;
-                lockfd = kcache__lock(kc, rec->dev[0].reldir, &rec->dev[0].key, &waited);
-                if (waited)
-                        q = kcache__cl_load(kc, t->ctx, rec, in.options);
-        }
+        int lockfd;
+        cl_program q = kcache__cl_load_or_lock(kc, t->ctx, rec, in.options, &lockfd);
         cl_int e = CL_SUCCESS;
-        if (q) {
-                atomic_fetch_add(&kc->st.hits, 1);
-        } else {
-                atomic_fetch_add(&kc->st.misses, 1);
+        if (!q) {
                 e = L.next->clBuildProgram(t->p, ndev, devs, options, NULL, NULL);
                 atomic_fetch_add(&kc->st.compiles, 1);
                 kcache__trace(kc, "compile: %s", kcache__cl_errstr(e));
