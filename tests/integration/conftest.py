@@ -5,6 +5,7 @@ test fails. Backing directories live on a tmpfs mounted noatime, as the issue as
 st_atime can only come from kcachefs's own access log.
 """
 import os
+import pwd
 import shutil
 import signal
 import sqlite3
@@ -120,6 +121,15 @@ class Mount:
         return {path_of(d, n): files.get(ino) for d, n, ino, t in dents if t == 1}
 
 
+def ensure_user(name):
+    """The passwd entry of a test user, created (no home, no login shell) the first time."""
+    try:
+        return pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
+        return pwd.getpwnam(name)
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -160,6 +170,15 @@ def workdir():
         subprocess.run(["umount", "-l", m], capture_output=True)
     if not os.environ.get("KCACHEFS_KEEP"):
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def tmp():
+    """A scratch directory on the ordinary filesystem, traversable by test users."""
+    d = tempfile.mkdtemp(prefix="kcache-client-")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def mount_tmpfs(path, size="256m", extra="noatime"):

@@ -1,12 +1,11 @@
 """The kcache command and the user.kcachefs.* attributes it uses, through a real mount."""
 import json
 import os
-import pwd
 import subprocess
 
 import pytest
 
-from conftest import ROOT, backing_files
+from conftest import ROOT, backing_files, ensure_user
 
 K = 1024
 
@@ -138,10 +137,7 @@ def test_getfattr_and_setfattr(kfs):
 def test_only_the_owner_or_root_may_act(kfs):
     m = kfs({"allow_other": True, "default_permissions": True})
     os.chmod(m.mnt, 0o1777)
-    try:
-        pwd.getpwnam("kcfs-user2")
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "kcfs-user2"], check=True)
+    ensure_user("kcfs-user2")
     fill(m, ["x"])
     os.chmod(m.path("x"), 0o644)
     # Reading works for everyone, never an action.

@@ -4,16 +4,13 @@ processes, entries the driver rejects, corrupted and planted entries, the trace,
 import glob
 import json
 import os
-import pwd
 import re
-import shutil
 import subprocess
-import tempfile
 import time
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, ensure_user
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 CL_DEMO = os.path.join(BUILD, "tests", "kc-cl-demo")
@@ -48,14 +45,6 @@ def pocl_env(tmp, tag):
 
 def entries(d, api="opencl"):
     return sorted(glob.glob(os.path.join(d, api, "*", "*.kce")))
-
-
-@pytest.fixture
-def tmp():
-    d = tempfile.mkdtemp(prefix="kcache-client-")
-    os.chmod(d, 0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_blob_api_on_a_kcachefs_mount(kfs):
@@ -193,18 +182,10 @@ def test_opencl_trace_shows_key_fields_and_decisions(tmp):
     assert r["compiles"] == 1 and '  options           ""' in t
 
 
-def _ensure_user(name):
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
 def test_entry_planted_by_another_user_is_never_loaded(tmp):
     """User B plants an entry under the exact path and key user A will use: A misses and compiles."""
-    a, b = _ensure_user("kcfs-usera"), _ensure_user("kcfs-userb")
+    a, b = ensure_user("kcfs-usera"), ensure_user("kcfs-userb")
     shared = os.path.join(tmp, "shared")
     os.makedirs(shared)
     os.chmod(shared, 0o1777)

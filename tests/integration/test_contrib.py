@@ -3,7 +3,6 @@ command lines as systemd would expand them, the job prolog, and the module files
 import os
 import re
 import shlex
-import shutil
 import subprocess
 
 import pytest

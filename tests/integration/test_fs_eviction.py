@@ -4,12 +4,11 @@ import multiprocessing as mp
 import os
 import random
 import subprocess
-import threading
 import time
 
 import pytest
 
-from conftest import backing_files, wait_for
+from conftest import backing_files
 
 K = 1024
 

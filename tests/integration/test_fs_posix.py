@@ -5,15 +5,13 @@ import fcntl
 import mmap
 import multiprocessing as mp
 import os
-import pwd
 import shutil
 import stat
 import subprocess
-import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import ensure_user, wait_for
 
 
 def write(path, data, mode="wb"):
@@ -232,19 +230,11 @@ def test_statfs_shows_the_limit(kfs):
     assert s.f_namemax == 255
 
 
-def _ensure_user(name):
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
 def test_allow_other_files_belong_to_their_creator(kfs):
     m = kfs({"allow_other": True, "default_permissions": True})
     os.chmod(m.mnt, 0o1777)
-    u = _ensure_user("kcfs-user1")
+    u = ensure_user("kcfs-user1")
     subprocess.run(["runuser", "-u", u.pw_name, "--", "sh", "-c",
                     f"echo hi > {m.path('mine')} && mkdir {m.path('mydir')} && ln -s x {m.path('mylink')}"],
                    check=True)

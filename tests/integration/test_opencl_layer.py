@@ -2,15 +2,13 @@
 libkcache, with real PoCL and the real ICD loader: cold then warm on a kcachefs mount, the program as
 the application sees it, failed builds, single flight across processes, entries shared with the
 library."""
-import glob
 import json
 import os
 import re
 import subprocess
-import time
 
 from conftest import ROOT
-from test_client_libkcache import CL_DEMO, entries, pocl_env, run_json, tmp  # noqa: F401 (fixture)
+from test_client_libkcache import CL_DEMO, entries, pocl_env, run_json
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 PLAIN = os.path.join(BUILD, "tests", "cl-plain")

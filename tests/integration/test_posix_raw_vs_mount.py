@@ -7,14 +7,13 @@ import errno
 import fcntl
 import mmap
 import os
-import pwd
 import stat
 import subprocess
 import time
 
 import pytest
 
-from conftest import mount_tmpfs
+from conftest import ensure_user, mount_tmpfs
 
 
 def outcome(fn):
@@ -222,10 +221,7 @@ def suite(d, other_user):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown, mknod, another user)")
 def test_mount_behaves_as_the_raw_directory(kfs, workdir):
     d, cleanup = workdir
-    try:
-        pwd.getpwnam("kcfs-posix")
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", "kcfs-posix"], check=True)
+    ensure_user("kcfs-posix")
     raw = os.path.join(d, "raw")
     mount_tmpfs(raw, "256m")
     cleanup.insert(0, raw)

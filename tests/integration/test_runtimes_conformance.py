@@ -4,17 +4,14 @@ under a limit small enough that eviction runs the whole time, with that runtime'
 Every worker returns (stores, loads, hits, violations); a violation is something the real runtime would
 have failed on because of kcachefs."""
 import base64
-import errno
 import fcntl
 import hashlib
 import multiprocessing as mp
 import os
 import random
 import struct
-import subprocess
 import time
 
-import pytest
 
 from conftest import backing_files
 from test_cli_kcache import kcache

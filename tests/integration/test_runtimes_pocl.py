@@ -2,7 +2,6 @@
 programs need: every run returns correct results, no clBuildProgram fails, evictions happen, and
 repeats hit the cache (measurably faster than the first build)."""
 import os
-import shutil
 import subprocess
 
 import pytest

@@ -4,24 +4,15 @@ another user's entries, usage is accounted per user, and actions need the mount 
 import errno
 import json
 import os
-import pwd
 import subprocess
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, ensure_user
 
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(ROOT, "build", "kcache")
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
-
-
-def user(name):
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True)
-        return pwd.getpwnam(name)
 
 
 def as_user(u, code, *args):
@@ -41,7 +32,7 @@ def as_user(u, code, *args):
 def shared(kfs):
     m = kfs({"allow_other": True, "default_permissions": True, "max_size": "64M"})
     os.chmod(m.mnt, 0o1777)
-    return m, user("kcfs-alice"), user("kcfs-bob")
+    return m, ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
 
 
 def test_private_entries_stay_private(shared):

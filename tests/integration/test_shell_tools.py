@@ -1,7 +1,6 @@
 """ls -lu, find -amin, du, df, stat, rm, mv, cp -r, tar and rsync through the mount, with the accounting
 checked after each: du of the mount, df's used and the index must agree with the backing directory."""
 import os
-import shutil
 import subprocess
 import time
 
