@@ -977,13 +977,24 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         bool evicted = false;
         if (!ok) {
                 r = kidx_flush(fs->idx); /* the order must reflect every access up to now */
-                uint64_t must = used + reserved + bytes - fs->o.max_size;
-                int64_t freed = r < 0 ? r : evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl);
-                if (freed < 0)
-                        r = (int)freed;
-                pthread_mutex_lock(&fs->space_lock);
-                if (r == 0 && !try_reserve_locked(fs, bytes))
+                /* A victim opened between its choice and its removal stays, so a batch may free less than
+                 * it chose: then choose again (the opened file is now passed over), a few times at most. */
+                for (int attempt = 0; r == 0 && !ok && attempt < 4; attempt++) {
+                        if (attempt)
+                                cursor = 0; /* the LRU walk again from its start */
+                        uint64_t must = used + reserved + bytes - fs->o.max_size;
+                        int64_t freed = evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl);
+                        if (freed < 0)
+                                r = (int)freed;
+                        pthread_mutex_lock(&fs->space_lock);
+                        ok = r == 0 && try_reserve_locked(fs, bytes);
+                        used = kidx_used(fs->idx);
+                        reserved = fs->reserved;
+                        pthread_mutex_unlock(&fs->space_lock);
+                }
+                if (r == 0 && !ok)
                         r = -ENOSPC;
+                pthread_mutex_lock(&fs->space_lock);
                 fs->evicting = false;
                 pthread_mutex_unlock(&fs->space_lock);
                 evicted = r == 0;
