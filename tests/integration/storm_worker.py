@@ -1,8 +1,8 @@
 """One process of the crash storm (test_reliability.py): a mixed workload on its own subtree of the mount,
 with a log of what it committed, written outside the mount, one line per event, flushed at once:
 
-    I <name> <ns>          about to rename a new version over <name> (outcome unknown until C)
-    C <name> <sha> <ns>    the rename returned: <name> holds the file whose checksum is <sha>
+    I <name> <ns> <ino>    about to rename a new version (inode <ino>) over <name> (outcome unknown until C)
+    C <name> <sha> <ns> <ino>  the rename returned: <name> holds that file, whose checksum is <sha>
     D <name> <ns>          about to unlink <name>
     U <name> <ns>          the unlink returned
     T <name>               a read found <name> torn: its own checksum does not match
@@ -39,11 +39,12 @@ def main():
                 fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 try:
                     os.write(fd, data + digest)
+                    ino = os.fstat(fd).st_ino  # the backing inode: what the eviction log records
                 finally:
                     os.close(fd)
-                log.write(f"I {name} {time.time_ns()}\n")
+                log.write(f"I {name} {time.time_ns()} {ino}\n")
                 os.rename(tmp, path)
-                log.write(f"C {name} {digest.hex()} {time.time_ns()}\n")
+                log.write(f"C {name} {digest.hex()} {time.time_ns()} {ino}\n")
             elif op < 0.80:  # read and verify
                 with open(path, "rb") as f:
                     blob = f.read()

@@ -22,9 +22,10 @@ FSX = os.path.join(BUILD, "tests", "fsx")
 
 
 def evictions(m):
+    """{(path, inode)} of every eviction the index has recorded."""
     db = sqlite3.connect(f"file:{m.index_path}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT name, time_ns FROM evictions").fetchall()
+        return set(db.execute("SELECT name, ino FROM evictions").fetchall())
     finally:
         db.close()
 
@@ -37,7 +38,7 @@ def read_logs(paths):
             continue
         for line in open(p):
             f = line.split()
-            if not f or (f[0] != "T" and len(f) < 3) or (f[0] == "C" and len(f) < 4):
+            if not f or (f[0] != "T" and len(f) < 3) or (f[0] in "IC" and len(f) < {"I": 4, "C": 5}[f[0]]):
                 continue  # a line cut by SIGKILL
             if f[0] == "T":
                 torn.append(f[1])
@@ -58,12 +59,10 @@ def check_storm(m, logs):
         present[rel] = blob[-32:].hex()
     ev, torn = read_logs(logs)
     assert not torn, f"readers saw torn files: {torn[:5]}"
-    evicted = {}
-    for name, t in evictions(m):
-        evicted.setdefault(name, []).append(t)
+    evicted = evictions(m)
 
-    def evicted_after(name, t):
-        return any(e >= t for e in evicted.get(name, []))
+    def was_evicted(name, ino):  # that very file, by its inode: not an older or newer version
+        return (name, int(ino)) in evicted
 
     lost = []
     for name, events in ev.items():
@@ -72,16 +71,16 @@ def check_storm(m, logs):
         if last[0] == "C":
             if name in present:
                 assert present[name] == last[2], f"{name} holds another version than the one committed last"
-            elif not evicted_after(name, int(last[3])):
+            elif not was_evicted(name, last[4]):
                 lost.append(name)
         elif last[0] == "I":  # a rename of unknown outcome: the old version, the new one, or evicted
             if name not in present and commits and not any(e[0] == "U" for e in events[events.index(commits[-1]):]):
-                if not evicted_after(name, int(commits[-1][3])):
+                if not was_evicted(name, commits[-1][4]) and not was_evicted(name, last[3]):
                     lost.append(name)
         elif last[0] == "U":
             assert name not in present, f"{name} came back after its unlink returned"
     assert not lost, f"committed files missing without an eviction record: {lost[:10]}"
-    return len(present), sum(len(v) for v in evicted.values())
+    return len(present), len(evicted)
 
 
 def test_crash_storm_sigkill_twenty_times(kfs, workdir):
