@@ -563,6 +563,7 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                 if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
                         /* the blocks then stay allocated until the kernel forgets the inode */
                 }
+                kfs_pt_forget(fs, in); /* a registered backing file holds it open too */
                 /* The backing filesystem may now give this inode number to a new file: lookups must
                  * find that file, not this stale inode, which lives on (detached) until it is forgotten. */
                 kmap_del(&fs->itable, in->bino);

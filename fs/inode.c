@@ -142,6 +142,7 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 kmap_del(&fs->detached, (uint64_t)(uintptr_t)in);
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
+                kfs_pt_forget(fs, in);
                 close(in->fd);
                 pthread_mutex_destroy(&in->lock);
                 free(in);

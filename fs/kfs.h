@@ -11,6 +11,7 @@
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
  *   units.c     what one eviction removes, per runtime; protected files
+ *   passthrough.c kernel passthrough for read-only opens: the device I/O hooks, backing files, modes
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
@@ -69,6 +70,7 @@ struct kfs_opts {
         double timeout;           /* entry/attr/negative cache timeout, seconds */
         unsigned flush_ms;        /* index batch interval */
         int nolog;                /* debug: no access log (for measuring its cost) */
+        int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         char **pins;              /* parsed pin patterns, NULL-terminated */
         char *layout_str;         /* -o layout= */
@@ -97,6 +99,21 @@ struct kfs_inode {
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
+        _Atomic int32_t pt_id;    /* registered backing file (passthrough.c), kept until the inode is
+                                     forgotten or evicted; 0: none. Set under lock */
+        uint32_t pt_opens;        /* opens in passthrough mode (passthrough.c); lock */
+        uint32_t cached_opens;    /* opens in the page-cache mode; lock */
+};
+
+/* Kernel passthrough (passthrough.c). */
+struct kfs_pt {
+        _Atomic bool on;          /* negotiated and working: read-only opens get passthrough */
+        bool hooked;              /* our device I/O is installed (a root daemon, not -o nopassthrough) */
+        bool init_seen, kernel_offers; /* from the kernel's INIT request */
+        int fd;                   /* the session's /dev/fuse, for the backing-file ioctls */
+        _Atomic uint64_t opens;   /* opens given passthrough since mount */
+        pthread_mutex_t lock;
+        char why[160];            /* why it is off; lock */
 };
 
 struct kfs {
@@ -107,6 +124,7 @@ struct kfs {
         uid_t owner;              /* who mounted: may run kcache actions */
         struct kfs_inode root;
         struct fuse_session *se;
+        struct kfs_pt pt;
         kidx *idx;
 
         pthread_mutex_t itable_lock;
@@ -191,6 +209,26 @@ void kfs_evict_free(struct kfs *fs);
 void kfs_evict_stop(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
+
+/* passthrough.c */
+/* After the session is mounted: installs the device I/O that can negotiate passthrough (a root daemon). */
+int kfs_pt_setup(struct kfs *fs);
+/* From the init handler: asks for passthrough in INIT's reply if the kernel offered it. */
+void kfs_pt_init(struct kfs *fs);
+/* Chooses the I/O mode of a new open of in (fd: the daemon's open of the backing file) and counts it.
+ * Returns the backing id its reply must carry (passthrough mode), or 0 (page-cache mode). */
+int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int fd, bool writer);
+/* The next reply this thread sends to OPEN or CREATE carries backing_id (0: none). */
+void kfs_pt_reply_next(int32_t backing_id);
+/* An open counted by kfs_pt_open ended (released, or its reply never reached the kernel). */
+void kfs_pt_release(struct kfs *fs, struct kfs_inode *in, bool passthrough);
+/* The inode is forgotten or its file evicted: unregisters its backing file, which holds the blocks.
+ * Takes no lock. */
+void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in);
+/* "on", or "off: why" (written into buf). */
+const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size);
+/* Marks a file handle (fi->fh) as opened in passthrough mode; the low 32 bits are the backing fd. */
+#define KFS_FH_PT (1ULL << 32)
 
 /* units.c */
 bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);

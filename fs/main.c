@@ -58,6 +58,9 @@ static void usage(const char *prog)
                "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
                "    -o flush_ms=MS          how often the access log is committed; default 1000\n"
                "    -o rebuild              reconcile the index with BACKING_DIR at mount\n"
+               "    -o nopassthrough        never let the kernel read files directly from BACKING_DIR (kernel\n"
+               "                            passthrough, used for read-only opens when the daemon runs as root\n"
+               "                            on Linux 6.9+); reads then go through the FUSE page cache\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
                "\n",
                prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS, KFS_META_DIR, DEFAULT_TIMEOUT);
@@ -411,6 +414,7 @@ int main(int argc, char *argv[])
                 goto out_session;
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
+        kfs_pt_setup(&fs);
         if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0) {
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;

@@ -117,14 +117,21 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 fuse_reply_err(req, e);
                 return;
         }
-        fi->keep_cache = refresh(fs, in, fd) && !(flags & O_TRUNC);
+        bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
+        int32_t pt = kfs_pt_open(fs, in, fd, writer);
+        fi->keep_cache = keep && !pt;
+        fi->direct_io = pt && writer; /* a writer of a passthrough inode: writes still come to us */
         fi->noflush = 1; /* writes reach the backing file at once: close() has nothing to flush */
-        fi->fh = (uint64_t)fd;
+        fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
         log_open(req, fs, in, ino);
-        if (fuse_reply_open(req, fi) == -ENOENT) {
+        kfs_pt_reply_next(pt);
+        int r = fuse_reply_open(req, fi);
+        kfs_pt_reply_next(0);
+        if (r == -ENOENT) {
                 /* The opener was interrupted: the kernel will never release this handle. */
                 close(fd);
                 count_open(fs, in, writer, -1);
+                kfs_pt_release(fs, in, pt != 0);
         }
 }
 
@@ -164,13 +171,20 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         struct kfs_inode *in = kfs_inode_get(fs, e.ino);
         count_open(fs, in, is_writer(flags), 1);
         refresh(fs, in, fd);
+        /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
+        int32_t pt = kfs_pt_open(fs, in, fd, true);
         if (!created)
                 log_open(req, fs, in, e.ino);
-        fi->fh = (uint64_t)fd;
+        fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
+        fi->direct_io = pt != 0;
         fi->noflush = 1;
-        if (fuse_reply_create(req, &e, fi) == -ENOENT) {
+        kfs_pt_reply_next(pt);
+        r = fuse_reply_create(req, &e, fi);
+        kfs_pt_reply_next(0);
+        if (r == -ENOENT) {
                 close(fd);
                 count_open(fs, in, is_writer(flags), -1);
+                kfs_pt_release(fs, in, pt != 0);
         }
         return;
 fail:
@@ -319,7 +333,18 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
 void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        bool pt = fi->fh & KFS_FH_PT;
+        if (pt && is_writer(fi->flags)) {
+                /* Its shared mappings wrote to the backing file directly: account what they allocated. */
+                struct stat st;
+                pthread_mutex_lock(&in->lock);
+                if (fstat((int)fi->fh, &st) == 0)
+                        kfs_inode_account_locked(fs, in, &st);
+                pthread_mutex_unlock(&in->lock);
+        }
         close((int)fi->fh);
-        count_open(fs, kfs_inode_get(fs, ino), is_writer(fi->flags), -1);
+        kfs_pt_release(fs, in, pt);
+        count_open(fs, in, is_writer(fi->flags), -1);
         fuse_reply_err(req, 0);
 }

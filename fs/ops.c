@@ -32,6 +32,7 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
         conn->max_write = 1024 * 1024;
         /* Cold reads of 1 MiB kernels in one request instead of eight. */
         conn->max_readahead = 1024 * 1024;
+        kfs_pt_init(fs);
 }
 
 void kfs_op_destroy(void *ud)

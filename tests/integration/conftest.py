@@ -56,7 +56,16 @@ class Mount:
 
     def args(self, extra=()):
         o = []
-        for k, v in self.opts.items():
+        # KCACHEFS_MOUNT_OPTS (k or k=v, comma-separated) applies to every mount that does not set the
+        # same key itself; run-tests runs the suite once in each read mode with it. A key set to False
+        # is left out: a test that needs passthrough sets nopassthrough=False.
+        opts = dict(self.opts)
+        for kv in filter(None, os.environ.get("KCACHEFS_MOUNT_OPTS", "").split(",")):
+            k, _, v = kv.partition("=")
+            opts.setdefault(k, v if v else True)
+        for k, v in opts.items():
+            if v is False:
+                continue
             o.append(k if v is True else f"{k}={v}")
         if self.index:
             o.append(f"index={self.index}")

@@ -1,0 +1,281 @@
+/* passthrough.c: kernel FUSE passthrough for read-only opens (Linux 6.9+, a root daemon).
+ *
+ * WHY. A warm open+read+close through the page-cache mode costs OPEN and RELEASE, plus one GETATTR: the
+ * access log must invalidate the inode's attributes at every open so that stat shows the new atime, and
+ * FUSE has no notification that invalidates atime alone, so the read that reaches the end of the file
+ * re-fetches the size. In passthrough mode the kernel reads the backing file itself: no READ requests,
+ * no FUSE page cache (one copy of each file in memory instead of two), and no size check, so the same
+ * open costs OPEN and RELEASE only. The kernel invalidates atime alone after each passthrough read, and
+ * the next stat asks for it, so st_atime stays the logged last access.
+ *
+ * HOW, WITH LIBFUSE 3.14. Debian 12's libfuse predates passthrough (3.16), but the kernel protocol is
+ * simple, and libfuse lets a daemon bring its own device I/O (fuse_session_custom_io). Our writev sees
+ * every reply before the kernel does and amends two of them:
+ *   - INIT: FUSE_PASSTHROUGH in flags2, with max_stack_depth 1 (the backing files may not themselves be
+ *     on a stacking filesystem), when the kernel offered it (seen by our read in its INIT request);
+ *   - OPEN and CREATE: FOPEN_PASSTHROUGH and the backing id, which the handler leaves in a thread-local
+ *     right before it replies (a handler replies from its own thread, synchronously).
+ * Backing files are registered with the FUSE_DEV_IOC_BACKING_OPEN ioctl, which needs CAP_SYS_ADMIN: an
+ * unprivileged daemon, or a kernel without passthrough, runs in the page-cache mode, as before.
+ *
+ * THE KERNEL'S RULE, AND WRITERS. An inode is in one I/O mode at a time: while any file of it is open in
+ * passthrough mode every new open must be a passthrough one with the same backing file, and while one is
+ * open in the page-cache mode no passthrough open may start (either mistake fails the application's
+ * open with EIO). Writes must keep going through the daemon, which reserves space and evicts before each
+ * one (evict.c); so:
+ *   - a read-only open of an inode with no page-cache open gets passthrough (registering its backing);
+ *   - a writer gets the page-cache mode, unless the inode is in passthrough mode already: then it gets
+ *     FOPEN_PASSTHROUGH | FOPEN_DIRECT_IO, for which the kernel sends reads and writes to the daemon and
+ *     maps the backing file for mmap;
+ *   - a reader of an inode open for writing in the page-cache mode gets that mode too.
+ * Our counts (per inode, under in->lock) drop when RELEASE arrives, after the kernel dropped its own, so
+ * they never undercount what the kernel holds: each rule above is kept whatever the interleaving.
+ *
+ * A backing file stays registered while the kernel knows the inode, so that the next open of a file
+ * read again costs no ioctl; the registration holds the file open, so it goes when the kernel forgets
+ * the inode and when eviction removes the file (whose blocks it would keep allocated).
+ *
+ * What passthrough costs: reads of passthrough files no longer reach the daemon, so the per-file
+ * bytes_read counts only what the daemon served (as page-cache hits already did). */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+/* The kernel's UAPI (linux/fuse.h 7.40), which Debian 12's headers predate. */
+#define PT_FUSE_INIT 26
+#define PT_FUSE_INIT_EXT (1u << 30)
+#define PT_FUSE_PASSTHROUGH_FLAGS2 (1u << (37 - 32))
+#define PT_FOPEN_DIRECT_IO (1u << 0)
+#define PT_FOPEN_KEEP_CACHE (1u << 1)
+#define PT_FOPEN_PASSTHROUGH (1u << 7)
+
+struct pt_in_header {
+        uint32_t len, opcode;
+        uint64_t unique, nodeid;
+        uint32_t uid, gid, pid;
+        uint16_t total_extlen, padding;
+};
+
+struct pt_init_in {
+        uint32_t major, minor, max_readahead, flags, flags2;
+};
+
+struct pt_out_header {
+        uint32_t len;
+        int32_t error;
+        uint64_t unique;
+};
+
+struct pt_init_out {
+        uint32_t major, minor, max_readahead, flags;
+        uint16_t max_background, congestion_threshold;
+        uint32_t max_write, time_gran;
+        uint16_t max_pages, map_alignment;
+        uint32_t flags2, max_stack_depth;
+};
+
+struct pt_open_out {
+        uint64_t fh;
+        uint32_t open_flags;
+        int32_t backing_id;
+};
+
+struct pt_backing_map {
+        int32_t fd;
+        uint32_t flags;
+        uint64_t padding;
+};
+
+#define PT_IOC_BACKING_OPEN _IOW(229, 1, struct pt_backing_map)
+#define PT_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
+
+_Static_assert(sizeof(struct pt_in_header) == 40, "fuse_in_header");
+_Static_assert(sizeof(struct pt_init_out) == 40, "fuse_init_out up to max_stack_depth");
+_Static_assert(sizeof(struct pt_open_out) == 16, "fuse_open_out");
+
+/* Set by a handler right before it replies, consumed by our writev in the same thread. */
+static __thread int32_t reply_backing_id;
+static __thread bool reply_is_init;
+
+/* Records why passthrough is off (the first reason wins) and says so on stderr if say. */
+static void turn_off(struct kfs *fs, bool say, const char *why, int err)
+{
+        atomic_store(&fs->pt.on, false);
+        pthread_mutex_lock(&fs->pt.lock);
+        if (!fs->pt.why[0])
+                snprintf(fs->pt.why, sizeof(fs->pt.why), "%s%s%s", why, err ? ": " : "", err ? strerror(err) : "");
+        else
+                say = false;
+        pthread_mutex_unlock(&fs->pt.lock);
+        if (say)
+                fprintf(stderr, "kcachefs: kernel passthrough off (%s); reads go through the page cache\n", fs->pt.why);
+}
+
+static ssize_t pt_read(int fd, void *buf, size_t len, void *ud)
+{
+        ssize_t n = read(fd, buf, len);
+        struct kfs *fs = ud;
+        if (n >= (ssize_t)(sizeof(struct pt_in_header) + sizeof(struct pt_init_in)) && !fs->pt.init_seen) {
+                const struct pt_in_header *h = buf;
+                if (h->opcode == PT_FUSE_INIT) {
+                        const struct pt_init_in *in = (const void *)(h + 1);
+                        fs->pt.kernel_offers = (in->flags & PT_FUSE_INIT_EXT) && (in->flags2 & PT_FUSE_PASSTHROUGH_FLAGS2);
+                        fs->pt.init_seen = true; /* INIT is the first request, read before any other thread runs */
+                }
+        }
+        return n;
+}
+
+static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud)
+{
+        (void)ud;
+        /* INIT's, OPEN's and CREATE's replies: a header and one body, at most 144 bytes. */
+        struct iovec v[4];
+        char body[256];
+        size_t last = count >= 2 ? iov[count - 1].iov_len : 0;
+        if (count >= 2 && count <= 4 && last <= sizeof(body) && (reply_is_init || reply_backing_id) &&
+            ((const struct pt_out_header *)iov[0].iov_base)->error == 0) {
+                memcpy(v, iov, sizeof(*v) * (size_t)count);
+                memcpy(body, iov[count - 1].iov_base, last);
+                v[count - 1].iov_base = body;
+                if (reply_is_init && last >= sizeof(struct pt_init_out)) {
+                        struct pt_init_out *o = (void *)body;
+                        o->flags |= PT_FUSE_INIT_EXT;
+                        o->flags2 |= PT_FUSE_PASSTHROUGH_FLAGS2;
+                        o->max_stack_depth = 1;
+                } else if (reply_backing_id && last >= sizeof(struct pt_open_out)) {
+                        /* OPEN's reply is fuse_open_out; CREATE's ends with it. */
+                        struct pt_open_out *o = (void *)(body + last - sizeof(*o));
+                        o->open_flags = (o->open_flags & ~PT_FOPEN_KEEP_CACHE) | PT_FOPEN_PASSTHROUGH;
+                        o->backing_id = reply_backing_id;
+                }
+                reply_is_init = false;
+                reply_backing_id = 0;
+                return writev(fd, v, count);
+        }
+        return writev(fd, iov, count);
+}
+
+static ssize_t pt_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
+                              void *ud)
+{
+        (void)ud;
+        return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+int kfs_pt_setup(struct kfs *fs)
+{
+        pthread_mutex_init(&fs->pt.lock, NULL);
+        fs->pt.fd = fuse_session_fd(fs->se);
+        if (fs->o.nopassthrough) {
+                turn_off(fs, false, "-o nopassthrough", 0);
+                return 0;
+        }
+        if (geteuid() != 0) {
+                turn_off(fs, true, "the daemon is not root (the kernel's backing-file ioctl needs CAP_SYS_ADMIN)", 0);
+                return 0;
+        }
+        static const struct fuse_custom_io io = { .read = pt_read, .writev = pt_writev, .splice_send = pt_splice_send };
+        int r = fuse_session_custom_io(fs->se, &io, fs->pt.fd);
+        if (r < 0) {
+                turn_off(fs, true, "libfuse refused the custom device I/O", -r);
+                return 0;
+        }
+        fs->pt.hooked = true;
+        return 0;
+}
+
+void kfs_pt_init(struct kfs *fs)
+{
+        if (!fs->pt.hooked)
+                return;
+        if (!fs->pt.kernel_offers) {
+                turn_off(fs, true, "the kernel does not offer it (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH)", 0);
+                return;
+        }
+        reply_is_init = true; /* libfuse sends INIT's reply from this thread when init returns */
+        atomic_store(&fs->pt.on, true);
+}
+
+static int backing_open(struct kfs *fs, int fd)
+{
+        struct pt_backing_map m = { .fd = fd };
+        int id = ioctl(fs->pt.fd, PT_IOC_BACKING_OPEN, &m);
+        if (id > 0)
+                return id;
+        int e = id < 0 ? errno : EINVAL;
+        /* The connection cannot do it at all; anything else (ELOOP: a backing file on a stacking
+         * filesystem) is this file's: it stays in the page-cache mode. */
+        if (e == EPERM || e == ENOTTY || e == EINVAL || e == EOPNOTSUPP || e == ENOSYS)
+                turn_off(fs, true, "registering a backing file failed", e);
+        return -e;
+}
+
+int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int fd, bool writer)
+{
+        int32_t id = 0;
+        pthread_mutex_lock(&in->lock);
+        int32_t have = atomic_load(&in->pt_id);
+        if (in->pt_opens > 0) {
+                /* Every open of an inode in passthrough mode must be one, with the same backing file. (No
+                 * id left: eviction removed the file under these opens; this open, racing with it, gets
+                 * the page-cache mode and the kernel fails it, as it would have failed with ESTALE.) */
+                id = have;
+        } else if (!writer && in->cached_opens == 0 && atomic_load(&fs->pt.on)) {
+                int r = have > 0 ? have : backing_open(fs, fd); /* kept from an earlier open, or now */
+                if (r > 0)
+                        id = r;
+        }
+        if (id > 0 && id != have)
+                atomic_store(&in->pt_id, id);
+        if (id) {
+                in->pt_opens++;
+                if (writer)
+                        in->cache_ok = false; /* its writes bypass the FUSE page cache of earlier opens */
+        } else {
+                in->cached_opens++;
+        }
+        pthread_mutex_unlock(&in->lock);
+        if (id)
+                atomic_fetch_add(&fs->pt.opens, 1);
+        return id;
+}
+
+void kfs_pt_reply_next(int32_t backing_id)
+{
+        reply_backing_id = backing_id;
+}
+
+void kfs_pt_release(struct kfs *fs, struct kfs_inode *in, bool passthrough)
+{
+        (void)fs;
+        pthread_mutex_lock(&in->lock);
+        if (passthrough)
+                in->pt_opens--;
+        else
+                in->cached_opens--;
+        pthread_mutex_unlock(&in->lock);
+}
+
+void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in)
+{
+        uint32_t id = (uint32_t)atomic_exchange(&in->pt_id, 0);
+        if (id > 0)
+                (void)ioctl(fs->pt.fd, PT_IOC_BACKING_CLOSE, &id);
+}
+
+const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size)
+{
+        if (atomic_load(&fs->pt.on))
+                return "on";
+        pthread_mutex_lock(&fs->pt.lock);
+        snprintf(buf, size, "off: %s", fs->pt.why[0] ? fs->pt.why : "not negotiated yet");
+        pthread_mutex_unlock(&fs->pt.lock);
+        return buf;
+}
