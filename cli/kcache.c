@@ -188,6 +188,7 @@ static int kc_stats(int argc, char **argv)
                         { "max_bytes", "gauge" }, { "used_bytes", "gauge" }, { "free_bytes", "gauge" },
                         { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
                         { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
+                        { "passthrough_opens", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -212,6 +213,11 @@ static int kc_stats(int argc, char **argv)
                        "evictions   %" PRIu64 " files, %s\nrebuilds    %" PRIu64 "\n",
                        mount, a, b, max ? 100.0 * (double)used / (double)max : 0.0, c, kc_num(mount, "files"),
                        kc_num(mount, "opens"), d, kc_num(mount, "evicted_files"), e, kc_num(mount, "rebuilds"));
+                char pt[256];
+                if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0 && !strcmp(pt, "on"))
+                        printf("reads       kernel passthrough (%" PRIu64 " opens)\n", kc_num(mount, "passthrough_opens"));
+                else if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0)
+                        printf("reads       through the page cache (passthrough %s)\n", pt);
                 if (users) {
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);

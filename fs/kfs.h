@@ -125,6 +125,12 @@ struct kfs {
         struct kfs_inode root;
         struct fuse_session *se;
         struct kfs_pt pt;
+        struct {                  /* flock() waits, each on its own thread (ops-io.c) */
+                pthread_mutex_t lock;
+                pthread_cond_t cond;      /* a waiter ended */
+                struct kfs_flock_wait *list; /* lock */
+                _Atomic bool stop;
+        } flock;
         kidx *idx;
 
         pthread_mutex_t itable_lock;
@@ -209,6 +215,10 @@ void kfs_evict_free(struct kfs *fs);
 void kfs_evict_stop(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
+
+/* ops-io.c */
+/* Interrupts and waits out the flock() waiters (before the session goes). */
+void kfs_flock_stop(struct kfs *fs);
 
 /* passthrough.c */
 /* After the session is mounted: installs the device I/O that can negotiate passthrough (a root daemon). */

@@ -340,6 +340,8 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
         pthread_cond_init(&fs->repair_cond, NULL);
+        pthread_mutex_init(&fs->flock.lock, NULL);
+        pthread_cond_init(&fs->flock.cond, NULL);
         kmap_init(&fs->itable);
         kmap_init(&fs->detached);
         if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0)
@@ -429,16 +431,23 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_set_clone_fd(lc, cmd.clone_fd);
                 if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given */
                         fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
-                /* Blocking flock() requests each hold a thread until granted (ops-io.c): with libfuse's
-                 * default of 10, ten waiters would starve the holder of the lock. */
-                fuse_loop_cfg_set_max_threads(lc, cmd.max_threads != UINT_MAX && cmd.max_threads != 0 &&
-                                                          cmd.max_threads != 10 ? cmd.max_threads : 1024);
+                /* As many workers as CPUs: every request is CPU work or a short disk wait, and on a
+                 * busy machine more workers only fight over the FUSE queue's lock and the CPUs (8
+                 * concurrent readers on 2 CPUs: 28% faster with 2 workers than with libfuse's 10).
+                 * flock() waits do not hold workers (ops-io.c). libfuse's default (10) means not given. */
+                long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+                unsigned workers = ncpu < 2 ? 2 : ncpu > 256 ? 256 : (unsigned)ncpu;
+                bool given = cmd.max_threads != UINT_MAX && cmd.max_threads != 0 && cmd.max_threads != 10;
+                fuse_loop_cfg_set_max_threads(lc, given ? cmd.max_threads : workers);
+                if (cmd.max_idle_threads == UINT_MAX)
+                        fuse_loop_cfg_set_idle_threads(lc, given ? cmd.max_threads : workers);
                 ret = fuse_session_loop_mt(fs.se, lc);
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
 out_unmount:
         kfs_evict_stop(&fs);
+        kfs_flock_stop(&fs);
         fuse_session_unmount(fs.se);
 out_signals:
         fuse_remove_signal_handlers(fs.se);

@@ -152,6 +152,42 @@ def test_flock_excludes_between_processes(kfs):
     os.close(fd)
 
 
+def _flock_queuer(path, q):
+    fd = os.open(path, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # queues behind the holder, as NEO's processes do on config.file
+    q.put(os.getpid())
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+
+
+def test_queued_flock_waiters_hold_no_worker(kfs):
+    # The daemon has as many workers as CPUs; 24 processes waiting for one lock must not take them all:
+    # the filesystem keeps answering, and the holder's unlock gets through.
+    m = kfs()
+    write(m.path("config.file"), b"\0" * 8)
+    write(m.path("other"), b"x" * 4096)
+    ctx = mp.get_context("fork")
+    locked, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_flock_holder, args=(m.path("config.file"), locked, release))
+    holder.start()
+    assert locked.wait(10)
+    q = ctx.Queue()
+    waiters = [ctx.Process(target=_flock_queuer, args=(m.path("config.file"), q)) for _ in range(24)]
+    for w in waiters:
+        w.start()
+    wait_for(lambda: len([line for line in open("/proc/locks") if "FLOCK" in line and "->" in line]) >= 24,
+             what="24 queued flock waiters")
+    for i in range(50):  # the workers are free
+        write(m.path(f"n{i}"), b"y")
+        assert read(m.path("other")) == b"x" * 4096
+    release.set()
+    holder.join(10)
+    got = {q.get(timeout=20) for _ in waiters}
+    for w in waiters:
+        w.join(10)
+    assert len(got) == 24
+
+
 def test_fsync_and_fdatasync(kfs):
     m = kfs()
     fd = os.open(m.path("f"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
