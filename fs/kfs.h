@@ -225,9 +225,11 @@ void kfs_flock_stop(struct kfs *fs);
 int kfs_pt_setup(struct kfs *fs);
 /* From the init handler: asks for passthrough in INIT's reply if the kernel offered it. */
 void kfs_pt_init(struct kfs *fs);
-/* Chooses the I/O mode of a new open of in (fd: the daemon's open of the backing file) and counts it.
- * Returns the backing id its reply must carry (passthrough mode), or 0 (page-cache mode). */
-int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int fd, bool writer);
+/* Chooses the I/O mode of a new open of in and counts it. *fd: the daemon's open of the backing file, or
+ * -1 if it has none yet, in which case one is opened here (with flags, left in *fd) only if a backing
+ * file must be registered. Returns the backing id the reply must carry (passthrough mode), or 0
+ * (page-cache mode). */
+int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bool writer);
 /* The next reply this thread sends to OPEN or CREATE carries backing_id (0: none). */
 void kfs_pt_reply_next(int32_t backing_id);
 /* An open counted by kfs_pt_open ended (released, or its reply never reached the kernel). */
@@ -237,8 +239,18 @@ void kfs_pt_release(struct kfs *fs, struct kfs_inode *in, bool passthrough);
 void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in);
 /* "on", or "off: why" (written into buf). */
 const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size);
-/* Marks a file handle (fi->fh) as opened in passthrough mode; the low 32 bits are the backing fd. */
+/* An open file's handle (fi->fh) is either the daemon's own backing fd (low 32 bits), with KFS_FH_PT for
+ * a writer of a passthrough inode; or, for a passthrough reader, KFS_FH_LAZY | a struct kfs_handle *,
+ * whose fd is opened at its first use: most never are (the kernel reads the backing file itself), and
+ * an open costs no open(2) in the daemon. */
 #define KFS_FH_PT (1ULL << 32)
+#define KFS_FH_LAZY (1ULL << 63)
+struct kfs_handle {
+        _Atomic int fd;           /* -1 until first needed (flock, fsync, SEEK_DATA, fchmod...) */
+        int flags;                /* the open's flags */
+};
+/* The handle's backing fd, opened now if it is a lazy one that was never used; -errno if that fails. */
+int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 
 /* units.c */
 bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);

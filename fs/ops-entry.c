@@ -93,7 +93,9 @@ static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, str
                 fuse_reply_err(req, ESTALE); /* a stale dentry: the VFS looks the name up again */
                 return;
         }
-        int r = fi && !S_ISDIR(in->type) ? (fstat((int)fi->fh, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
+        /* Through the handle's fd when it has one (a lazy passthrough handle may not: its inode's will do) */
+        int fd = fi && !S_ISDIR(in->type) ? (fi->fh & KFS_FH_LAZY ? -1 : (int)(uint32_t)fi->fh) : -1;
+        int r = fd >= 0 ? (fstat(fd, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
         if (r < 0) {
                 fuse_reply_err(req, -r);
                 return;
@@ -129,9 +131,14 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 return;
         }
         kfs_proc_path(proc, sizeof(proc), in->fd);
+        int fd = fi ? kfs_handle_fd(fs, ino, fi) : -1;
+        if (fi && fd < 0) {
+                fuse_reply_err(req, -fd);
+                return;
+        }
 
         if (valid & FUSE_SET_ATTR_MODE) {
-                r = fi ? fchmod((int)fi->fh, attr->st_mode) : fchmodat(AT_FDCWD, proc, attr->st_mode, 0);
+                r = fi ? fchmod(fd, attr->st_mode) : fchmodat(AT_FDCWD, proc, attr->st_mode, 0);
                 if (r < 0)
                         goto err;
         }
@@ -144,7 +151,7 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
         if (valid & FUSE_SET_ATTR_SIZE) {
                 /* Growing by truncate allocates nothing (sparse); the real allocation is re-read after. */
                 pthread_mutex_lock(&in->lock);
-                r = fi ? ftruncate((int)fi->fh, attr->st_size) : truncate(proc, attr->st_size);
+                r = fi ? ftruncate(fd, attr->st_size) : truncate(proc, attr->st_size);
                 struct stat st;
                 int e = errno;
                 if (r == 0 && kfs_fstat_inode(in, &st) == 0)
@@ -163,7 +170,7 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 if (S_ISLNK(in->type))
                         r = -1, errno = EPERM; /* no utimens on a symlink through its O_PATH fd */
                 else
-                        r = fi ? futimens((int)fi->fh, tv) : utimensat(AT_FDCWD, proc, tv, 0);
+                        r = fi ? futimens(fd, tv) : utimensat(AT_FDCWD, proc, tv, 0);
                 if (r < 0)
                         goto err;
                 if (S_ISREG(in->type) && (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_ATIME_NOW))) {

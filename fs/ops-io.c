@@ -58,14 +58,14 @@ static void count_open(struct kfs *fs, struct kfs_inode *in, bool writer, int de
         pthread_mutex_unlock(&fs->itable_lock);
 }
 
-/* Re-reads the file through fd, accounts it (T3), and says whether the kernel may keep its cached pages:
- * only if neither size nor mtime moved since we last looked. */
+/* Re-reads the file through fd (or its O_PATH fd if -1), accounts it (T3), and says whether the kernel
+ * may keep its cached pages: only if neither size nor mtime moved since we last looked. */
 static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
 {
         struct stat st;
         bool keep = false;
         pthread_mutex_lock(&in->lock);
-        if (fstat(fd, &st) == 0) {
+        if ((fd >= 0 ? fstat(fd, &st) : kfs_fstat_inode(in, &st)) == 0) {
                 keep = in->cache_ok && (uint64_t)st.st_size == in->size && st.st_mtim.tv_sec == in->mtime.tv_sec &&
                        st.st_mtim.tv_nsec == in->mtime.tv_nsec;
                 kfs_inode_account_locked(fs, in, &st);
@@ -111,30 +111,73 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 in->readers++;
         pthread_mutex_unlock(&fs->itable_lock);
 
-        kfs_proc_path(proc, sizeof(proc), in->fd);
-        int fd = open(proc, flags);
-        if (fd < 0) {
-                int e = errno;
-                count_open(fs, in, writer, -1);
-                fuse_reply_err(req, e);
-                return;
+        /* A read-only open may become a passthrough one that needs no fd of ours (a lazy handle). */
+        bool maybe_lazy = !writer && !(flags & O_TRUNC) && atomic_load(&fs->pt.on);
+        int fd = -1;
+        if (!maybe_lazy) {
+                kfs_proc_path(proc, sizeof(proc), in->fd);
+                fd = open(proc, flags);
+                if (fd < 0) {
+                        int e = errno;
+                        count_open(fs, in, writer, -1);
+                        fuse_reply_err(req, e);
+                        return;
+                }
         }
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
-        int32_t pt = kfs_pt_open(fs, in, fd, writer);
+        int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
+        struct kfs_handle *h = NULL;
+        if (pt && !writer && (h = malloc(sizeof(*h)))) {
+                atomic_init(&h->fd, fd);
+                h->flags = flags;
+        }
+        if (!h && fd < 0) { /* page-cache mode after all, or no memory for a lazy handle */
+                kfs_proc_path(proc, sizeof(proc), in->fd);
+                fd = open(proc, flags);
+                if (fd < 0) {
+                        int e = errno;
+                        kfs_pt_release(fs, in, pt != 0);
+                        count_open(fs, in, writer, -1);
+                        fuse_reply_err(req, e);
+                        return;
+                }
+        }
         fi->keep_cache = keep && !pt;
         fi->direct_io = pt && writer; /* a writer of a passthrough inode: writes still come to us */
         fi->noflush = 1; /* writes reach the backing file at once: close() has nothing to flush */
-        fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
+        fi->fh = h ? (uint64_t)(uintptr_t)h | KFS_FH_LAZY : (uint64_t)fd | (pt ? KFS_FH_PT : 0);
         log_open(req, fs, in, ino);
         kfs_pt_reply_next(pt);
         int r = fuse_reply_open(req, fi);
         kfs_pt_reply_next(0);
         if (r == -ENOENT) {
                 /* The opener was interrupted: the kernel will never release this handle. */
-                close(fd);
+                if (fd >= 0)
+                        close(fd);
+                free(h);
                 count_open(fs, in, writer, -1);
                 kfs_pt_release(fs, in, pt != 0);
         }
+}
+
+int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        if (!(fi->fh & KFS_FH_LAZY))
+                return (int)(uint32_t)fi->fh;
+        struct kfs_handle *h = (struct kfs_handle *)(uintptr_t)(fi->fh & ~KFS_FH_LAZY);
+        int fd = atomic_load(&h->fd);
+        if (fd >= 0)
+                return fd;
+        char proc[64];
+        kfs_proc_path(proc, sizeof(proc), kfs_inode_get(fs, ino)->fd);
+        int nfd = open(proc, h->flags);
+        if (nfd < 0)
+                return -errno;
+        if (!atomic_compare_exchange_strong(&h->fd, &fd, nfd)) { /* another request opened it first */
+                close(nfd);
+                return fd;
+        }
+        return nfd;
 }
 
 void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
@@ -174,7 +217,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         count_open(fs, in, is_writer(flags), 1);
         refresh(fs, in, fd);
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
-        int32_t pt = kfs_pt_open(fs, in, fd, true);
+        int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
                 log_open(req, fs, in, e.ino);
         fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
@@ -202,7 +245,12 @@ void kfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct 
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
         buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
-        buf.buf[0].fd = (int)fi->fh;
+        int fd = kfs_handle_fd(fs, ino, fi);
+        if (fd < 0) {
+                fuse_reply_err(req, -fd);
+                return;
+        }
+        buf.buf[0].fd = fd;
         buf.buf[0].pos = off;
         if (!fs->o.nolog) {
                 pthread_mutex_lock(&in->lock);
@@ -270,7 +318,11 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         size_t len = fuse_buf_size(bufv);
-        struct io_op op = { .fd = (int)fi->fh, .off = off, .len = (off_t)len, .src = bufv };
+        struct io_op op = { .fd = kfs_handle_fd(fs, ino, fi), .off = off, .len = (off_t)len, .src = bufv };
+        if (op.fd < 0) {
+                fuse_reply_err(req, -op.fd);
+                return;
+        }
         bool retry_ok = !(bufv->buf[0].flags & FUSE_BUF_IS_FD); /* a spliced pipe can be read only once */
         ssize_t res = allocating_op(fs, in, &op, estimate(in, (uint64_t)off, len), retry_ok);
         if (res < 0) {
@@ -289,8 +341,8 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
  * holes. Without this op the kernel would call the whole file data. */
 void kfs_op_lseek(fuse_req_t req, fuse_ino_t ino, off_t off, int whence, struct fuse_file_info *fi)
 {
-        (void)ino;
-        off_t r = lseek((int)fi->fh, off, whence);
+        int fd = kfs_handle_fd(kfs_of(req), ino, fi);
+        off_t r = fd < 0 ? (errno = -fd, -1) : lseek(fd, off, whence);
         if (r < 0)
                 fuse_reply_err(req, errno);
         else
@@ -301,7 +353,11 @@ void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        struct io_op op = { .fd = (int)fi->fh, .mode = mode, .off = off, .len = len };
+        struct io_op op = { .fd = kfs_handle_fd(fs, ino, fi), .mode = mode, .off = off, .len = len };
+        if (op.fd < 0) {
+                fuse_reply_err(req, -op.fd);
+                return;
+        }
         uint64_t est = mode & FALLOC_FL_PUNCH_HOLE ? 0 : estimate(in, (uint64_t)off, (uint64_t)len);
         ssize_t res = allocating_op(fs, in, &op, est, true);
         fuse_reply_err(req, res < 0 ? (int)-res : 0);
@@ -317,9 +373,8 @@ void kfs_op_flush(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
 void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file_info *fi)
 {
-        (void)ino;
-        int fd = (int)fi->fh;
-        fuse_reply_err(req, (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
+        int fd = kfs_handle_fd(kfs_of(req), ino, fi);
+        fuse_reply_err(req, fd < 0 ? -fd : (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
 }
 
 /* A flock() that must wait does so on a thread of its own (kfs_op_flock). Waiters are listed in
@@ -373,9 +428,12 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
          * The worker pool is as small as the machine (main.c), so a lock that must be waited for is
          * waited for on a thread of its own: NEO's processes queue on config.file, and waiters holding
          * the workers would starve everyone else, the request that unlocks included. */
-        (void)ino;
         struct kfs *fs = kfs_of(req);
-        int fd = (int)fi->fh;
+        int fd = kfs_handle_fd(fs, ino, fi);
+        if (fd < 0) {
+                fuse_reply_err(req, -fd);
+                return;
+        }
         if (op & (LOCK_NB | LOCK_UN)) {
                 fuse_reply_err(req, flock(fd, op) < 0 ? errno : 0);
                 return;
@@ -431,16 +489,24 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        bool pt = fi->fh & KFS_FH_PT;
-        if (pt && is_writer(fi->flags)) {
-                /* Its shared mappings wrote to the backing file directly: account what they allocated. */
-                struct stat st;
-                pthread_mutex_lock(&in->lock);
-                if (fstat((int)fi->fh, &st) == 0)
-                        kfs_inode_account_locked(fs, in, &st);
-                pthread_mutex_unlock(&in->lock);
+        bool lazy = fi->fh & KFS_FH_LAZY, pt = lazy || (fi->fh & KFS_FH_PT);
+        if (lazy) {
+                struct kfs_handle *h = (struct kfs_handle *)(uintptr_t)(fi->fh & ~KFS_FH_LAZY);
+                int fd = atomic_load(&h->fd);
+                if (fd >= 0)
+                        close(fd);
+                free(h);
+        } else {
+                if (pt && is_writer(fi->flags)) {
+                        /* Its shared mappings wrote to the backing file directly: account them. */
+                        struct stat st;
+                        pthread_mutex_lock(&in->lock);
+                        if (fstat((int)(uint32_t)fi->fh, &st) == 0)
+                                kfs_inode_account_locked(fs, in, &st);
+                        pthread_mutex_unlock(&in->lock);
+                }
+                close((int)(uint32_t)fi->fh);
         }
-        close((int)fi->fh);
         kfs_pt_release(fs, in, pt);
         count_open(fs, in, is_writer(fi->flags), -1);
         fuse_reply_err(req, 0);

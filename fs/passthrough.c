@@ -217,7 +217,7 @@ static int backing_open(struct kfs *fs, int fd)
         return -e;
 }
 
-int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int fd, bool writer)
+int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bool writer)
 {
         int32_t id = 0;
         pthread_mutex_lock(&in->lock);
@@ -228,7 +228,12 @@ int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int fd, bool writer)
                  * the page-cache mode and the kernel fails it, as it would have failed with ESTALE.) */
                 id = have;
         } else if (!writer && in->cached_opens == 0 && atomic_load(&fs->pt.on)) {
-                int r = have > 0 ? have : backing_open(fs, fd); /* kept from an earlier open, or now */
+                if (have <= 0 && *fd < 0) {
+                        char proc[64];
+                        kfs_proc_path(proc, sizeof(proc), in->fd);
+                        *fd = open(proc, flags);
+                }
+                int r = have > 0 ? have : *fd >= 0 ? backing_open(fs, *fd) : 0; /* kept, or registered now */
                 if (r > 0)
                         id = r;
         }

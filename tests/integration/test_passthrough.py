@@ -178,3 +178,33 @@ def test_an_unprivileged_daemon_runs_without_passthrough(kfs, workdir):
     finally:
         subprocess.run(["runuser", "-u", u.pw_name, "--", "fusermount3", "-u", mnt], capture_output=True)
         wait_for(lambda: not mounted(), what="unmount")
+
+
+def test_a_passthrough_reader_opens_its_own_fd_only_when_asked(ptmount):
+    # A passthrough reader has no backing fd in the daemon until an operation needs one; then it gets its
+    # own open file description, so flock() between two readers still conflicts as on a local disk.
+    import fcntl
+    m = ptmount()
+    with open(m.path("s"), "wb") as f:
+        f.truncate(1 << 20)
+        f.seek(512 << 10)
+        f.write(b"d" * 4096)
+    a = os.open(m.path("s"), os.O_RDONLY)
+    b = os.open(m.path("s"), os.O_RDONLY)
+    try:
+        assert os.read(a, 4) == b"\0\0\0\0"
+        fcntl.flock(a, fcntl.LOCK_EX)
+        with pytest.raises(BlockingIOError):
+            fcntl.flock(b, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(a, fcntl.LOCK_UN)
+        fcntl.flock(b, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        assert os.lseek(b, 0, os.SEEK_DATA) == 512 << 10  # the daemon's fd answers SEEK_DATA
+        assert os.lseek(b, 512 << 10, os.SEEK_HOLE) == (512 << 10) + 4096
+        os.fsync(a)
+        os.fchmod(a, 0o640)
+        assert os.stat(m.path("s")).st_mode & 0o777 == 0o640
+        assert os.fstat(b).st_size == 1 << 20
+        assert pt_opens(m) >= 2
+    finally:
+        os.close(a)
+        os.close(b)
