@@ -168,6 +168,11 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         free(given_backing);
         if (r)
                 return r;
+        struct statfs sf;
+        if (statfs(o->backing, &sf) == 0 && (unsigned long)sf.f_type == 0x794c7630UL) /* OVERLAYFS_SUPER_MAGIC */
+                return fail("the backing directory '%s' is on overlayfs, whose files report other devices and "
+                            "inode numbers than its directories; the cache needs one real filesystem: use a "
+                            "volume or bind mount from the host, a local disk or tmpfs", o->backing);
         if ((r = check_dir("mount point", mountpoint_arg, &o->mountpoint, false)))
                 return r;
         if (path_within(o->mountpoint, o->backing))

@@ -210,9 +210,10 @@ static int backing_open(struct kfs *fs, int fd)
         if (id > 0)
                 return id;
         int e = id < 0 ? errno : EINVAL;
-        /* The connection cannot do it at all; anything else (ELOOP: a backing file on a stacking
-         * filesystem) is this file's: it stays in the page-cache mode. */
-        if (e == EPERM || e == ENOTTY || e == EINVAL || e == EOPNOTSUPP || e == ENOSYS)
+        /* The connection cannot do it at all, or no file of this backing directory can (ELOOP: it is on
+         * a stacking filesystem such as overlayfs; the backing directory is one filesystem). Anything
+         * else is this file's: it stays in the page-cache mode. */
+        if (e == EPERM || e == ENOTTY || e == EINVAL || e == EOPNOTSUPP || e == ENOSYS || e == ELOOP)
                 turn_off(fs, true, "registering a backing file failed", e);
         return -e;
 }

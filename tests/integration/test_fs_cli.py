@@ -72,6 +72,24 @@ def test_unwritable_backing(dirs, workdir):
     one_error_line(run(ro, m), "not writable")
 
 
+def test_backing_on_overlayfs(dirs, workdir):
+    # Containers' root filesystems are overlayfs: its files report the layer's device and inode number,
+    # not the directory's, so one cache keyed by inode cannot live there. Refused with the way out.
+    d, b, m = dirs
+    layers = os.path.join(d, "layers")
+    mount_tmpfs(layers, "8m", "rw")
+    workdir[1].insert(0, layers)
+    for x in ("lower", "upper", "work"):
+        os.makedirs(os.path.join(layers, x))
+    merged = os.path.join(d, "merged")
+    os.makedirs(merged)
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={layers}/lower,upperdir={layers}/upper,workdir={layers}/work", merged], check=True)
+    workdir[1].insert(0, merged)
+    one_error_line(run(merged, m), "overlayfs", "bind mount")
+    untouched(merged)
+
+
 @pytest.mark.parametrize("size,word", [("0", "more than zero"), ("12Q", "expected a number"), ("abc", "expected a number"),
                                         ("", "expected a number"), ("99999999999999999999", "too large"),
                                         ("99999999999T", "too large")])
