@@ -527,8 +527,10 @@ static void notify_all(struct kfs *fs, struct notify_list *nl)
 }
 
 /* itable_lock held. Unlinks every name of v that still is v (dirfds[i] for v->names[i]); marks the inode
- * evicted. Returns the number of names removed. */
-static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *dirfds, struct notify_list *nl)
+ * evicted. Returns the number of names removed; *replaced: a name now holds another file (the runtime
+ * stored the entry again since it was chosen). */
+static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *dirfds, struct notify_list *nl,
+                                   bool *replaced)
 {
         size_t removed = 0;
         for (size_t i = 0; i < v->nnames; i++) {
@@ -537,8 +539,10 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                         continue;
                 int fd = openat(dirfds[i], v->names[i].name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0 || fstat(fd, &st) < 0 || st.st_ino != v->ino) {
-                        if (fd >= 0)
+                        if (fd >= 0) {
                                 close(fd); /* the index is stale for this name: never remove another file */
+                                *replaced = true;
+                        }
                         continue;
                 }
                 if (unlinkat(dirfds[i], v->names[i].name, 0) < 0) {
@@ -574,7 +578,10 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
 }
 
 /* Removes one unit: all its files in order, or none if any of them was opened since it was chosen.
- * Returns the bytes freed. */
+ * A member found replaced (stored again since it was chosen) ends the unit there: the runtime's order
+ * puts its completion marker first (PoCL's program.bc), so a re-stored entry loses nothing, and one
+ * whose later members are being re-stored loses only what the store is writing again. Returns the
+ * bytes freed. */
 static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u,
                            struct notify_list *nl)
 {
@@ -611,9 +618,10 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         bool open = false;
         for (size_t k = 0; k < u->count && !open; k++)
                 open = is_open(fs, vs->v[u->first + k].ino);
-        for (size_t k = 0, j = 0; !open && k < u->count; k++) {
+        bool replaced = false;
+        for (size_t k = 0, j = 0; !open && !replaced && k < u->count; k++) {
                 struct victim *v = &vs->v[u->first + k];
-                removed[k] = remove_member_locked(fs, v, fds + j, nl) > 0;
+                removed[k] = remove_member_locked(fs, v, fds + j, nl, &replaced) > 0;
                 j += v->nnames;
         }
         pthread_mutex_unlock(&fs->itable_lock);
@@ -653,8 +661,9 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
         struct name nm = { .dir = ds.st_ino, .name = (char *)name };
         v.names = &nm;
         v.nnames = 1;
+        bool replaced = false;
         pthread_mutex_lock(&fs->itable_lock);
-        size_t n = remove_member_locked(fs, &v, &dirfd, nl);
+        size_t n = remove_member_locked(fs, &v, &dirfd, nl, &replaced);
         pthread_mutex_unlock(&fs->itable_lock);
         if (n) {
                 struct kidx_file f;
@@ -781,7 +790,7 @@ static void *repairer_main(void *arg)
 {
         struct kfs *fs = arg;
         pthread_mutex_lock(&fs->evict_lock);
-        while (!fs->repairer_stop) {
+        while (!fs->evict_stop) {
                 char *dir = NULL;
                 for (size_t k = 0; k < fs->nrepairs && !dir; k++)
                         if (fs->repairs[k].rt == KFS_RT_NEO)
@@ -796,7 +805,7 @@ static void *repairer_main(void *arg)
                 bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->evict_lock);
-                if (!fs->repairer_stop && (locked || fd < 0)) {
+                if (!fs->evict_stop && (locked || fd < 0)) {
                         if (locked)
                                 remove_noted(fs, dfd, "config.file", &nl);
                         drop_repair_locked(fs, KFS_RT_NEO, dir);
@@ -829,19 +838,17 @@ static void repairer_kick_locked(struct kfs *fs)
 void kfs_evict_stop(struct kfs *fs)
 {
         pthread_mutex_lock(&fs->evict_lock);
-        fs->repairer_stop = true;
+        fs->evict_stop = true;
         bool started = fs->repairer_started;
         pthread_cond_broadcast(&fs->repair_cond);
         pthread_mutex_unlock(&fs->evict_lock);
+        if (fs->shrinker_started) {
+                pthread_join(fs->shrinker, NULL);
+                fs->shrinker_started = false;
+        }
         while (started) { /* a signal may come before the flock starts waiting: repeat until it ends */
                 pthread_kill(fs->repairer, SIGUSR2);
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 10 * 1000000;
-                if (ts.tv_nsec >= 1000000000) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000;
-                }
+                struct timespec ts = kfs_deadline_ms(10);
                 started = pthread_timedjoin_np(fs->repairer, NULL, &ts) != 0;
         }
         fs->repairer_started = false;
@@ -873,7 +880,7 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
                 }
         }
         fs->nrepairs = keep;
-        if (neo && !fs->repairer_stop)
+        if (neo && !fs->evict_stop)
                 repairer_kick_locked(fs);
 }
 
@@ -928,7 +935,9 @@ static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, 
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->evict_lock);
                 uint64_t used = kidx_used(fs->idx);
-                int64_t freed = used > target ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl) : 0;
+                int64_t freed = used > target && !fs->evict_stop
+                                        ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl)
+                                        : 0;
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -1027,6 +1036,23 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
                 return r;
         uint64_t cursor = 0;
         return evict_down_to(fs, target, &cursor, grace);
+}
+
+/* A cache over its limit at mount (remounted with a smaller max_size) goes down in the background,
+ * batch by batch like any eviction, while the mount serves; kfs_evict_stop() ends it between batches. */
+static void *shrinker_main(void *arg)
+{
+        struct kfs *fs = arg;
+        int64_t freed = kfs_evict_to(fs, low_watermark_bytes(fs), true);
+        if (freed < 0)
+                fprintf(stderr, "kcachefs: bringing the cache down to its new limit failed: %s\n", strerror((int)-freed));
+        return NULL;
+}
+
+void kfs_evict_start_shrink(struct kfs *fs)
+{
+        if (kidx_used(fs->idx) > fs->o.max_size)
+                fs->shrinker_started = pthread_create(&fs->shrinker, NULL, shrinker_main, fs) == 0;
 }
 
 int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)

@@ -30,6 +30,12 @@ int64_t kfs_now_ns(void)
         return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+struct timespec kfs_deadline_ms(unsigned ms)
+{
+        int64_t t = kfs_now_ns() + (int64_t)ms * 1000000LL;
+        return (struct timespec){ .tv_sec = t / 1000000000LL, .tv_nsec = t % 1000000000LL };
+}
+
 void kfs_proc_path(char *buf, size_t size, int fd)
 {
         snprintf(buf, size, "/proc/self/fd/%d", fd);

@@ -145,7 +145,10 @@ struct kfs {
         size_t nrepairs;
         pthread_cond_t repair_cond; /* a NEO repair waits: wakes the repairer; with evict_lock */
         pthread_t repairer;         /* takes NEO's flock blocking, queued like NEO's own processes */
-        bool repairer_started, repairer_stop; /* evict_lock */
+        bool repairer_started;      /* evict_lock */
+        bool evict_stop;            /* unmounting: the repairer and the shrinker end; evict_lock */
+        pthread_t shrinker;         /* brings a cache found over its limit at mount down (evict.c) */
+        bool shrinker_started;
         pthread_mutex_t evict_lock; /* one eviction at a time */
 };
 
@@ -167,6 +170,8 @@ static inline bool kfs_stale(struct kfs_inode *in)
 }
 
 int64_t kfs_now_ns(void);
+/* CLOCK_REALTIME ms from now, for pthread's timed waits. */
+struct timespec kfs_deadline_ms(unsigned ms);
 /* Makes a stat of a backing inode what the mount shows: logged atime, no blocks for non-files. */
 void kfs_fix_attr(const struct kfs_inode *in, struct stat *st);
 /* Looks dir/name up, takes a lookup reference, and fills e. -errno on failure. */
@@ -211,8 +216,11 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino);
 bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
 /* Frees eviction's own state (repairs still pending are forgotten: the next mount's evictions redo them). */
 void kfs_evict_free(struct kfs *fs);
-/* Stops the repairer thread (before the index and the session go). */
+/* Stops the repairer and shrinker threads (before the index and the session go). */
 void kfs_evict_stop(struct kfs *fs);
+/* After the mount: if the cache is over max_size (remounted with a smaller one), evicts down to the low
+ * watermark in the background. */
+void kfs_evict_start_shrink(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 

@@ -12,7 +12,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <time.h>
 #include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
@@ -425,9 +424,9 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
          * opens conflicts exactly as on a local filesystem. The kernel sends RELEASE only after this
          * request is answered, so the fd cannot be closed under a waiter.
          *
-         * The worker pool is as small as the machine (main.c), so a lock that must be waited for is
-         * waited for on a thread of its own: NEO's processes queue on config.file, and waiters holding
-         * the workers would starve everyone else, the request that unlocks included. */
+         * A lock that must be waited for is waited for on a thread of its own: NEO's processes queue on
+         * config.file, and each waiter would otherwise hold a FUSE worker (main.c caps them at 1024),
+         * and keep libfuse starting new ones for everyone else. */
         struct kfs *fs = kfs_of(req);
         int fd = kfs_handle_fd(fs, ino, fi);
         if (fd < 0) {
@@ -473,13 +472,7 @@ void kfs_flock_stop(struct kfs *fs)
         while (fs->flock.list) { /* a signal may come before a flock starts waiting: repeat until all end */
                 for (struct kfs_flock_wait *w = fs->flock.list; w; w = w->next)
                         pthread_kill(w->thread, SIGUSR2);
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_nsec += 10 * 1000000;
-                if (ts.tv_nsec >= 1000000000) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000;
-                }
+                struct timespec ts = kfs_deadline_ms(10);
                 pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &ts);
         }
         pthread_mutex_unlock(&fs->flock.lock);

@@ -32,6 +32,11 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
         conn->max_write = 1024 * 1024;
         /* Cold reads of 1 MiB kernels in one request instead of eight. */
         conn->max_readahead = 1024 * 1024;
+        /* RELEASE is a background request, and the kernel keeps at most max_background of those queued
+         * (12 by default): under many readers, OPENs then outpace RELEASEs and each unreleased handle holds
+         * one of our fds (64 readers under the ASan daemon ran it out of descriptors). */
+        conn->max_background = 1024;
+        conn->congestion_threshold = 768;
         kfs_pt_init(fs);
 }
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import backing_files
+from conftest import backing_files, wait_for
 
 K = 1024
 
@@ -68,6 +68,25 @@ def test_atimes_follow_the_access_order_on_noatime(kfs):
     assert newest == f"f{first}"
     # The backing filesystem's own atime did not move (noatime): the answer came from the log.
     assert os.stat(os.path.join(m.backing, f"f{first}")).st_atime_ns < atimes[-1]
+
+
+def test_a_remount_with_a_smaller_limit_evicts_down_to_it(kfs):
+    # The limit holds whatever happened before the mount: the daemon brings a cache found over its new
+    # limit down to the low watermark, least recently used first, while the mount serves.
+    m = kfs({"max_size": "8M", "grace_ms": 0, "low_watermark": "50"})
+    make_files(m, 6, 1024 * K)
+    for i in (3, 0, 4, 1, 5, 2):  # recency: f2 newest, then f5, f1, f4, f0, f3
+        read_file(m.path(f"f{i}"))
+    m.stop()
+    m.opts["max_size"] = "3M"
+    m.start()
+    wait_for(lambda: m.used() <= 1536 * K, what="the cache down to 50% of its new limit")
+    assert sorted(os.listdir(m.mnt)) == ["f2"]
+    assert read_file(m.path("f2")) == bytes([2]) * 1024 * K
+    m.stop()  # and a mount within its limit evicts nothing
+    m.start()
+    time.sleep(0.5)
+    assert os.listdir(m.mnt) == ["f2"]
 
 
 def test_du_and_df_agree_with_the_index(kfs):

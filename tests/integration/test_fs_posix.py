@@ -133,14 +133,20 @@ def _flock_holder(path, locked, release):
     os.close(fd)
 
 
+def start_flock_holder(path):
+    """A process holding LOCK_EX on path until release.set(); returns (process, release)."""
+    ctx = mp.get_context("fork")
+    locked, release = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_flock_holder, args=(path, locked, release))
+    p.start()
+    assert locked.wait(10)
+    return p, release
+
+
 def test_flock_excludes_between_processes(kfs):
     m = kfs()
     write(m.path("config.file"), b"\0" * 8)
-    ctx = mp.get_context("fork")
-    locked, release = ctx.Event(), ctx.Event()
-    p = ctx.Process(target=_flock_holder, args=(m.path("config.file"), locked, release))
-    p.start()
-    assert locked.wait(10)
+    p, release = start_flock_holder(m.path("config.file"))
     fd = os.open(m.path("config.file"), os.O_RDWR)
     with pytest.raises(BlockingIOError):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -161,16 +167,13 @@ def _flock_queuer(path, q):
 
 
 def test_queued_flock_waiters_hold_no_worker(kfs):
-    # The daemon has as many workers as CPUs; 24 processes waiting for one lock must not take them all:
-    # the filesystem keeps answering, and the holder's unlock gets through.
+    # 24 processes waiting for one lock (each wait on a daemon thread of its own) must not stall the
+    # filesystem: it keeps answering, and the holder's unlock gets through.
     m = kfs()
     write(m.path("config.file"), b"\0" * 8)
     write(m.path("other"), b"x" * 4096)
+    holder, release = start_flock_holder(m.path("config.file"))
     ctx = mp.get_context("fork")
-    locked, release = ctx.Event(), ctx.Event()
-    holder = ctx.Process(target=_flock_holder, args=(m.path("config.file"), locked, release))
-    holder.start()
-    assert locked.wait(10)
     q = ctx.Queue()
     waiters = [ctx.Process(target=_flock_queuer, args=(m.path("config.file"), q)) for _ in range(24)]
     for w in waiters:
