@@ -437,19 +437,20 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_set_clone_fd(lc, cmd.clone_fd);
                 if (cmd.max_idle_threads != UINT_MAX) /* UINT_MAX: not given */
                         fuse_loop_cfg_set_idle_threads(lc, cmd.max_idle_threads);
-                /* Workers: as many idle ones as CPUs, and as many busy ones as requests need. Idle
-                 * workers all wait on the FUSE queue's lock, and on a busy machine more of them only
-                 * fight over it (8 concurrent readers on 2 CPUs: 0.55 s with 2 idle workers, 0.68 s
-                 * with libfuse's 10). But a handler may wait (for an eviction, the disk's writeback):
-                 * capping the busy ones too (0.49 s) let two such waits stall every other request, so
-                 * new workers still start whenever all are busy, up to 1024. flock() waits use threads
-                 * of their own (ops-io.c). libfuse's defaults (10, unset) mean not given. */
+                /* As many workers as CPUs, started as needed and kept. More only fight over the FUSE
+                 * queue's lock and the CPUs: 8 concurrent readers on 2 CPUs take 0.49 s with 2 workers,
+                 * 0.62 s with libfuse's default (workers without limit, never stopped: 9 after a while),
+                 * and letting the extra ones go again (max_idle_threads) costs a thread start per burst.
+                 * The price: a handler that waits (an fsync, the disk's writeback, another writer's
+                 * eviction) holds its worker, so on a small machine a few of them delay everything
+                 * else meanwhile; -o max_threads=N sets the number. flock() waits use threads of their
+                 * own (ops-io.c). libfuse's defaults (10, unset) mean not given. */
                 long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
-                unsigned idle = ncpu < 2 ? 2 : ncpu > 256 ? 256 : (unsigned)ncpu;
+                unsigned workers = ncpu < 2 ? 2 : ncpu > 256 ? 256 : (unsigned)ncpu;
                 bool given = cmd.max_threads != UINT_MAX && cmd.max_threads != 0 && cmd.max_threads != 10;
-                fuse_loop_cfg_set_max_threads(lc, given ? cmd.max_threads : 1024);
+                fuse_loop_cfg_set_max_threads(lc, given ? cmd.max_threads : workers);
                 if (cmd.max_idle_threads == UINT_MAX)
-                        fuse_loop_cfg_set_idle_threads(lc, idle);
+                        fuse_loop_cfg_set_idle_threads(lc, given ? cmd.max_threads : workers);
                 ret = fuse_session_loop_mt(fs.se, lc);
                 fuse_loop_cfg_destroy(lc);
         }

@@ -424,9 +424,9 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
          * opens conflicts exactly as on a local filesystem. The kernel sends RELEASE only after this
          * request is answered, so the fd cannot be closed under a waiter.
          *
-         * A lock that must be waited for is waited for on a thread of its own: NEO's processes queue on
-         * config.file, and each waiter would otherwise hold a FUSE worker (main.c caps them at 1024),
-         * and keep libfuse starting new ones for everyone else. */
+         * The workers are as many as the CPUs (main.c), so a lock that must be waited for is waited
+         * for on a thread of its own: NEO's processes queue on config.file, and waiters holding the
+         * workers would starve everyone else, the request that unlocks included. */
         struct kfs *fs = kfs_of(req);
         int fd = kfs_handle_fd(fs, ino, fi);
         if (fd < 0) {

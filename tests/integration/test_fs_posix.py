@@ -167,8 +167,8 @@ def _flock_queuer(path, q):
 
 
 def test_queued_flock_waiters_hold_no_worker(kfs):
-    # 24 processes waiting for one lock (each wait on a daemon thread of its own) must not stall the
-    # filesystem: it keeps answering, and the holder's unlock gets through.
+    # The daemon has as many workers as CPUs; 24 processes waiting for one lock must not take them all:
+    # the filesystem keeps answering, and the holder's unlock gets through.
     m = kfs()
     write(m.path("config.file"), b"\0" * 8)
     write(m.path("other"), b"x" * 4096)
