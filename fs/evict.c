@@ -101,7 +101,6 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/file.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -770,11 +769,7 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
  * So a NEO repair that found the lock held is handed to this thread, which queues for the lock like
  * NEO's own processes and, once it holds it, removes config.file under evict_lock (the lock order is
  * the flock, then evict_lock; eviction itself never waits for a flock). Stopped by kfs_evict_stop(),
- * which interrupts a wait with SIGUSR2. */
-static void repairer_wake(int sig)
-{
-        (void)sig;
-}
+ * which interrupts a wait with KFS_WAKE_SIGNAL. */
 
 static void drop_repair_locked(struct kfs *fs, enum kfs_rt rt, const char *dir)
 {
@@ -827,9 +822,7 @@ static void *repairer_main(void *arg)
 static void repairer_kick_locked(struct kfs *fs)
 {
         if (!fs->repairer_started) {
-                struct sigaction sa = { .sa_handler = repairer_wake }; /* no SA_RESTART: flock returns EINTR */
-                sigemptyset(&sa.sa_mask);
-                sigaction(SIGUSR2, &sa, NULL);
+                kfs_wake_signal_init();
                 fs->repairer_started = pthread_create(&fs->repairer, NULL, repairer_main, fs) == 0;
         }
         pthread_cond_signal(&fs->repair_cond);
@@ -847,7 +840,7 @@ void kfs_evict_stop(struct kfs *fs)
                 fs->shrinker_started = false;
         }
         while (started) { /* a signal may come before the flock starts waiting: repeat until it ends */
-                pthread_kill(fs->repairer, SIGUSR2);
+                pthread_kill(fs->repairer, KFS_WAKE_SIGNAL);
                 struct timespec ts = kfs_deadline_ms(10);
                 started = pthread_timedjoin_np(fs->repairer, NULL, &ts) != 0;
         }

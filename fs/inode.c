@@ -14,6 +14,7 @@
  *      new file) but freed only when the kernel forgets it; unref deletes only its own table entry.
  *      So T1 holds for inodes that are not evicted. */
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,24 @@ int64_t kfs_now_ns(void)
         return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+static void wake_handler(int sig)
+{
+        (void)sig;
+}
+
+static void wake_install(void)
+{
+        struct sigaction sa = { .sa_handler = wake_handler }; /* no SA_RESTART: the wait returns EINTR */
+        sigemptyset(&sa.sa_mask);
+        sigaction(KFS_WAKE_SIGNAL, &sa, NULL);
+}
+
+void kfs_wake_signal_init(void)
+{
+        static pthread_once_t once = PTHREAD_ONCE_INIT;
+        pthread_once(&once, wake_install);
+}
+
 struct timespec kfs_deadline_ms(unsigned ms)
 {
         int64_t t = kfs_now_ns() + (int64_t)ms * 1000000LL;
@@ -39,6 +58,14 @@ struct timespec kfs_deadline_ms(unsigned ms)
 void kfs_proc_path(char *buf, size_t size, int fd)
 {
         snprintf(buf, size, "/proc/self/fd/%d", fd);
+}
+
+int kfs_inode_open(struct kfs_inode *in, int flags)
+{
+        char proc[64];
+        kfs_proc_path(proc, sizeof(proc), in->fd);
+        int fd = open(proc, flags);
+        return fd < 0 ? -errno : fd;
 }
 
 struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino)

@@ -23,6 +23,7 @@
 #include <fuse_lowlevel.h>
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -172,6 +173,10 @@ static inline bool kfs_stale(struct kfs_inode *in)
 int64_t kfs_now_ns(void);
 /* CLOCK_REALTIME ms from now, for pthread's timed waits. */
 struct timespec kfs_deadline_ms(unsigned ms);
+/* The signal that interrupts a thread's blocking flock() at shutdown (the repairer, flock waiters), and
+ * its no-op handler without SA_RESTART, installed once by kfs_wake_signal_init(). */
+#define KFS_WAKE_SIGNAL SIGUSR2
+void kfs_wake_signal_init(void);
 /* Makes a stat of a backing inode what the mount shows: logged atime, no blocks for non-files. */
 void kfs_fix_attr(const struct kfs_inode *in, struct stat *st);
 /* Looks dir/name up, takes a lookup reference, and fills e. -errno on failure. */
@@ -198,6 +203,8 @@ struct kfs_inode *kfs_inode_find_locked(struct kfs *fs, uint64_t bino);
 void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st);
 int kfs_fstat_inode(struct kfs_inode *in, struct stat *st);
 void kfs_proc_path(char *buf, size_t size, int fd);
+/* Opens the inode's backing file (through its O_PATH fd) with flags. Returns the fd or -errno. */
+int kfs_inode_open(struct kfs_inode *in, int flags);
 void kfs_inode_table_free(struct kfs *fs);
 
 /* evict.c */
@@ -257,6 +264,11 @@ struct kfs_handle {
         _Atomic int fd;           /* -1 until first needed (flock, fsync, SEEK_DATA, fchmod...) */
         int flags;                /* the open's flags */
 };
+/* The lazy handle behind fi->fh, or NULL if the handle holds its fd itself. */
+static inline struct kfs_handle *kfs_lazy_handle(const struct fuse_file_info *fi)
+{
+        return fi->fh & KFS_FH_LAZY ? (struct kfs_handle *)(uintptr_t)(fi->fh & ~KFS_FH_LAZY) : NULL;
+}
 /* The handle's backing fd, opened now if it is a lazy one that was never used; -errno if that fails. */
 int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 

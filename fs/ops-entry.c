@@ -94,7 +94,7 @@ static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, str
                 return;
         }
         /* Through the handle's fd when it has one (a lazy passthrough handle may not: its inode's will do) */
-        int fd = fi && !S_ISDIR(in->type) ? (fi->fh & KFS_FH_LAZY ? -1 : (int)(uint32_t)fi->fh) : -1;
+        int fd = fi && !S_ISDIR(in->type) && !kfs_lazy_handle(fi) ? (int)(uint32_t)fi->fh : -1;
         int r = fd >= 0 ? (fstat(fd, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
         if (r < 0) {
                 fuse_reply_err(req, -r);

@@ -94,7 +94,6 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         int flags = (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC;
         bool writer = is_writer(flags);
-        char proc[64];
 
         pthread_mutex_lock(&fs->itable_lock);
         if (in->evicted) {
@@ -112,17 +111,9 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
         /* A read-only open may become a passthrough one that needs no fd of ours (a lazy handle). */
         bool maybe_lazy = !writer && !(flags & O_TRUNC) && atomic_load(&fs->pt.on);
-        int fd = -1;
-        if (!maybe_lazy) {
-                kfs_proc_path(proc, sizeof(proc), in->fd);
-                fd = open(proc, flags);
-                if (fd < 0) {
-                        int e = errno;
-                        count_open(fs, in, writer, -1);
-                        fuse_reply_err(req, e);
-                        return;
-                }
-        }
+        int fd = maybe_lazy ? -1 : kfs_inode_open(in, flags);
+        if (fd < 0 && !maybe_lazy)
+                goto fail;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
         struct kfs_handle *h = NULL;
@@ -130,16 +121,10 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 atomic_init(&h->fd, fd);
                 h->flags = flags;
         }
-        if (!h && fd < 0) { /* page-cache mode after all, or no memory for a lazy handle */
-                kfs_proc_path(proc, sizeof(proc), in->fd);
-                fd = open(proc, flags);
-                if (fd < 0) {
-                        int e = errno;
-                        kfs_pt_release(fs, in, pt != 0);
-                        count_open(fs, in, writer, -1);
-                        fuse_reply_err(req, e);
-                        return;
-                }
+        if (!h && fd < 0 && (fd = kfs_inode_open(in, flags)) < 0) {
+                /* page-cache mode after all, or no memory for a lazy handle, and the open failed */
+                kfs_pt_release(fs, in, pt != 0);
+                goto fail;
         }
         fi->keep_cache = keep && !pt;
         fi->direct_io = pt && writer; /* a writer of a passthrough inode: writes still come to us */
@@ -157,21 +142,23 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 count_open(fs, in, writer, -1);
                 kfs_pt_release(fs, in, pt != 0);
         }
+        return;
+fail:
+        count_open(fs, in, writer, -1);
+        fuse_reply_err(req, -fd);
 }
 
 int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-        if (!(fi->fh & KFS_FH_LAZY))
+        struct kfs_handle *h = kfs_lazy_handle(fi);
+        if (!h)
                 return (int)(uint32_t)fi->fh;
-        struct kfs_handle *h = (struct kfs_handle *)(uintptr_t)(fi->fh & ~KFS_FH_LAZY);
         int fd = atomic_load(&h->fd);
         if (fd >= 0)
                 return fd;
-        char proc[64];
-        kfs_proc_path(proc, sizeof(proc), kfs_inode_get(fs, ino)->fd);
-        int nfd = open(proc, h->flags);
+        int nfd = kfs_inode_open(kfs_inode_get(fs, ino), h->flags);
         if (nfd < 0)
-                return -errno;
+                return nfd;
         if (!atomic_compare_exchange_strong(&h->fd, &fd, nfd)) { /* another request opened it first */
                 close(nfd);
                 return fd;
@@ -386,18 +373,6 @@ struct kfs_flock_wait {
         struct kfs_flock_wait *next;
 };
 
-static void flock_wake(int sig)
-{
-        (void)sig;
-}
-
-static void install_wake(void)
-{
-        struct sigaction sa = { .sa_handler = flock_wake }; /* no SA_RESTART: a waiting flock returns EINTR */
-        sigemptyset(&sa.sa_mask);
-        sigaction(SIGUSR2, &sa, NULL);
-}
-
 static void *flock_waiter(void *arg)
 {
         struct kfs_flock_wait *w = arg;
@@ -442,8 +417,7 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
                 fuse_reply_err(req, e);
                 return;
         }
-        static pthread_once_t once = PTHREAD_ONCE_INIT;
-        pthread_once(&once, install_wake);
+        kfs_wake_signal_init();
         struct kfs_flock_wait *w = malloc(sizeof(*w));
         pthread_attr_t a;
         pthread_attr_init(&a);
@@ -471,7 +445,7 @@ void kfs_flock_stop(struct kfs *fs)
         atomic_store(&fs->flock.stop, true);
         while (fs->flock.list) { /* a signal may come before a flock starts waiting: repeat until all end */
                 for (struct kfs_flock_wait *w = fs->flock.list; w; w = w->next)
-                        pthread_kill(w->thread, SIGUSR2);
+                        pthread_kill(w->thread, KFS_WAKE_SIGNAL);
                 struct timespec ts = kfs_deadline_ms(10);
                 pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &ts);
         }
@@ -482,9 +456,9 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        bool lazy = fi->fh & KFS_FH_LAZY, pt = lazy || (fi->fh & KFS_FH_PT);
-        if (lazy) {
-                struct kfs_handle *h = (struct kfs_handle *)(uintptr_t)(fi->fh & ~KFS_FH_LAZY);
+        struct kfs_handle *h = kfs_lazy_handle(fi);
+        bool pt = h || (fi->fh & KFS_FH_PT);
+        if (h) {
                 int fd = atomic_load(&h->fd);
                 if (fd >= 0)
                         close(fd);

@@ -11,6 +11,7 @@
 #endif
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -65,6 +66,17 @@ static void fail(const char *what, int f)
         for (long i = nops - 31 > 0 ? nops - 31 : 0; i <= nops; i++)
                 fprintf(stderr, "  %s\n", hist[i % 32]);
         exit(1);
+}
+
+/* Moves [off, off+len) inside the file (which must not be empty: false if it is). */
+static bool inside(const struct file *x, size_t *off, size_t *len)
+{
+        if (!x->len)
+                return false;
+        *off %= x->len;
+        if (*off + *len > x->len)
+                *len = x->len - *off;
+        return true;
 }
 
 static void check_range(int f, const uint8_t *got, size_t off, size_t len, const char *how)
@@ -132,11 +144,8 @@ int main(int argc, char **argv)
                                 x->len = off + len;
                         counts[0]++;
                 } else if (op < 65) { /* read */
-                        if (!x->len)
+                        if (!inside(x, &off, &len))
                                 continue;
-                        off %= x->len;
-                        if (off + len > x->len)
-                                len = x->len - off;
                         NOTE(f, "read %zu+%zu", off, len);
                         if (pread(x->fd, buf, len, (off_t)off) != (ssize_t)len)
                                 fail("short read", f);
@@ -152,11 +161,8 @@ int main(int argc, char **argv)
                         x->len = nl;
                         counts[2]++;
                 } else if (op < 81) { /* mmap write inside the file */
-                        if (!x->len)
+                        if (!inside(x, &off, &len))
                                 continue;
-                        off %= x->len;
-                        if (off + len > x->len)
-                                len = x->len - off;
                         size_t pg = (size_t)sysconf(_SC_PAGESIZE), base = off / pg * pg;
                         NOTE(f, "mmap write %zu+%zu", off, len);
                         uint8_t *m = mmap(NULL, off + len - base, PROT_READ | PROT_WRITE, MAP_SHARED, x->fd, (off_t)base);
@@ -180,11 +186,8 @@ int main(int argc, char **argv)
                                 x->len = off + len;
                         counts[4]++;
                 } else if (op < 90) { /* fallocate punching a hole */
-                        if (!x->len)
+                        if (!inside(x, &off, &len))
                                 continue;
-                        off %= x->len;
-                        if (off + len > x->len)
-                                len = x->len - off;
                         NOTE(f, "punch hole %zu+%zu", off, len);
                         if (fallocate(x->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len) < 0) {
                                 if (errno == EOPNOTSUPP)
