@@ -188,7 +188,7 @@ static int kc_stats(int argc, char **argv)
                         { "max_bytes", "gauge" }, { "used_bytes", "gauge" }, { "free_bytes", "gauge" },
                         { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
                         { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
-                        { "passthrough_opens", "counter" },
+                        { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -218,6 +218,8 @@ static int kc_stats(int argc, char **argv)
                         printf("reads       kernel passthrough (%" PRIu64 " opens)\n", kc_num(mount, "passthrough_opens"));
                 else if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0)
                         printf("reads       through the page cache (passthrough %s)\n", pt);
+                if (kc_get(mount, "transport", pt, sizeof(pt)) > 0)
+                        printf("requests    %s, %" PRIu64 " through the rings\n", pt, kc_num(mount, "ring_requests"));
                 if (users) {
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);

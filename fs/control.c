@@ -5,7 +5,8 @@
  *   on a regular file  atime (ISO 8601, ns), atime_ns, opens, bytes_read, bytes, seq, pinned
  *   on the mount root  version, max_bytes, used_bytes, free_bytes, files, opens, bytes_read,
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
- *                      "off: why"), passthrough_opens, stats (all of it, JSON)
+ *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
+ *                      "/dev/fuse" with why), ring_requests, stats (all of it, JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
@@ -24,7 +25,7 @@
 
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
-                                          "passthrough", "passthrough_opens" };
+                                          "passthrough", "passthrough_opens", "transport", "ring_requests" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -38,16 +39,18 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
         struct kidx_stats s;
         kidx_get_stats(fs->idx, &s);
         uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0;
-        char why[200];
+        char why[200], how[200];
         return snprintf(buf, size,
                         "{\"version\":\"%s\",\"max_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
                         ",\"free_bytes\":%" PRIu64 ",\"files\":%" PRIu64 ",\"entries\":%" PRIu64
                         ",\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"evicted_files\":%" PRIu64
                         ",\"evicted_bytes\":%" PRIu64 ",\"rebuilds\":%" PRIu64 ",\"low_watermark\":%u"
-                        ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64 "}",
+                        ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64
+                        ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
-                        fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens));
+                        fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
+                        kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests));
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -64,12 +67,15 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
         char why[200];
         if (!strcmp(n, "passthrough"))
                 return snprintf(buf, size, "%s", kfs_pt_state(fs, why, sizeof(why)));
+        if (!strcmp(n, "transport"))
+                return snprintf(buf, size, "%s", kfs_ring_state(fs, why, sizeof(why)));
         const struct { const char *name; uint64_t v; } nums[] = {
                 { "max_bytes", max }, { "used_bytes", s.used_bytes },
                 { "free_bytes", s.used_bytes < max ? max - s.used_bytes : 0 }, { "files", s.files },
                 { "opens", s.opens }, { "bytes_read", s.bytes_read }, { "evicted_files", s.evicted_files },
                 { "evicted_bytes", s.evicted_bytes }, { "rebuilds", s.rebuilds },
                 { "passthrough_opens", atomic_load(&fs->pt.opens) },
+                { "ring_requests", atomic_load(&fs->ring_requests) },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

@@ -11,7 +11,9 @@
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
  *   units.c     what one eviction removes, per runtime; protected files
- *   passthrough.c kernel passthrough for read-only opens: the device I/O hooks, backing files, modes
+ *   passthrough.c kernel passthrough for read-only opens: backing files, I/O modes
+ *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
+ *   ring.c      FUSE over io_uring: per-CPU queues served by pinned threads
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
@@ -28,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 
 #include "../common/kmap.h"
 #include "../index/kidx.h"
@@ -72,6 +75,7 @@ struct kfs_opts {
         unsigned flush_ms;        /* index batch interval */
         int nolog;                /* debug: no access log (for measuring its cost) */
         int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
+        int nouring;              /* never use FUSE over io_uring (ring.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         char **pins;              /* parsed pin patterns, NULL-terminated */
         char *layout_str;         /* -o layout= */
@@ -109,9 +113,7 @@ struct kfs_inode {
 /* Kernel passthrough (passthrough.c). */
 struct kfs_pt {
         _Atomic bool on;          /* negotiated and working: read-only opens get passthrough */
-        bool hooked;              /* our device I/O is installed (a root daemon, not -o nopassthrough) */
-        bool init_seen, kernel_offers; /* from the kernel's INIT request */
-        int fd;                   /* the session's /dev/fuse, for the backing-file ioctls */
+        bool wanted;              /* a root daemon, not -o nopassthrough */
         _Atomic uint64_t opens;   /* opens given passthrough since mount */
         pthread_mutex_t lock;
         char why[160];            /* why it is off; lock */
@@ -126,6 +128,17 @@ struct kfs {
         struct kfs_inode root;
         struct fuse_session *se;
         struct kfs_pt pt;
+        struct {                  /* our own device I/O (devio.c) */
+                int fd;           /* the session's /dev/fuse */
+                bool hooked;      /* installed */
+                bool init_seen, init_done; /* the kernel's INIT request was read; its reply sent */
+                uint64_t init_unique;
+                bool offers_pt, offers_ring; /* what INIT offered */
+        } devio;
+        struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
+        _Atomic bool ring_on;
+        _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
+        bool singlethread;        /* -s */
         struct {                  /* flock() waits, each on its own thread (ops-io.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;      /* a waiter ended */
@@ -235,11 +248,34 @@ int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
 
+/* devio.c */
+/* After the session is mounted (and kfs_pt_setup): installs our device I/O unless nothing needs it. */
+void kfs_dev_setup(struct kfs *fs);
+
+/* ring.c */
+/* Before mounting: a root daemon turns on the kernel's switch for FUSE over io_uring (see ring.c). */
+void kfs_ring_prepare(struct kfs *fs);
+/* Whether INIT's reply asks for io_uring: offered, not -o nouring, not -s. */
+bool kfs_ring_wanted(struct kfs *fs);
+/* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
+void kfs_ring_start(struct kfs *fs, uint32_t max_write);
+/* Sends a reply: into its ring entry if the request came through a ring, else to fd. */
+ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);
+/* Stops and frees the ring threads (after the session loop). */
+void kfs_ring_stop(struct kfs *fs);
+/* "io_uring (N queues)", or "/dev/fuse" with why. */
+const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size);
+
 /* passthrough.c */
-/* After the session is mounted: installs the device I/O that can negotiate passthrough (a root daemon). */
-int kfs_pt_setup(struct kfs *fs);
-/* From the init handler: asks for passthrough in INIT's reply if the kernel offered it. */
+/* Before kfs_dev_setup: whether passthrough is wanted (a root daemon, not -o nopassthrough). */
+void kfs_pt_setup(struct kfs *fs);
+/* From the init handler: passthrough is on if the kernel offered it. */
 void kfs_pt_init(struct kfs *fs);
+/* Passthrough is off for good: why (and err, if not 0) is recorded and said on stderr. */
+void kfs_pt_off(struct kfs *fs, const char *why, int err);
+/* If this thread's handler asked for a backing id (kfs_pt_reply_next), the OPEN or CREATE reply iov
+ * amended into v and body; else iov itself. */
+const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iovec v[4], char *body, size_t size);
 /* Chooses the I/O mode of a new open of in and counts it. *fd: the daemon's open of the backing file, or
  * -1 if it has none yet, in which case one is opened here (with flags, left in *fd) only if a backing
  * file must be registered. Returns the backing id the reply must carry (passthrough mode), or 0

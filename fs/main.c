@@ -61,6 +61,9 @@ static void usage(const char *prog)
                "    -o nopassthrough        never let the kernel read files directly from BACKING_DIR (kernel\n"
                "                            passthrough, used for read-only opens when the daemon runs as root\n"
                "                            on Linux 6.9+); reads then go through the FUSE page cache\n"
+               "    -o nouring              take requests through /dev/fuse even when the kernel offers FUSE\n"
+               "                            over io_uring (Linux 6.14+ with the fuse module's enable_uring on,\n"
+               "                            which serves each request on the CPU that made it)\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
                "\n",
                prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS, KFS_META_DIR, DEFAULT_TIMEOUT);
@@ -419,9 +422,12 @@ int main(int argc, char *argv[])
                 goto out_idx;
         if (fuse_set_signal_handlers(fs.se) != 0)
                 goto out_session;
+        fs.singlethread = cmd.singlethread;
+        kfs_ring_prepare(&fs);
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
         kfs_pt_setup(&fs);
+        kfs_dev_setup(&fs);
         if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0) {
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
@@ -455,6 +461,7 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
+        kfs_ring_stop(&fs);
 out_unmount:
         kfs_evict_stop(&fs);
         kfs_flock_stop(&fs);

@@ -107,6 +107,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("flush_ms=%u", flush_ms),
         OPT("nolog", nolog),
         OPT("nopassthrough", nopassthrough),
+        OPT("nouring", nouring),
         OPT("rebuild", rebuild),
         FUSE_OPT_KEY("-h", KEY_HELP),
         FUSE_OPT_KEY("--help", KEY_HELP),

@@ -9,12 +9,9 @@
  * the next stat asks for it, so st_atime stays the logged last access.
  *
  * HOW, WITH LIBFUSE 3.14. Debian 12's libfuse predates passthrough (3.16), but the kernel protocol is
- * simple, and libfuse lets a daemon bring its own device I/O (fuse_session_custom_io). Our writev sees
- * every reply before the kernel does and amends two of them:
- *   - INIT: FUSE_PASSTHROUGH in flags2, with max_stack_depth 1 (the backing files may not themselves be
- *     on a stacking filesystem), when the kernel offered it (seen by our read in its INIT request);
- *   - OPEN and CREATE: FOPEN_PASSTHROUGH and the backing id, which the handler leaves in a thread-local
- *     right before it replies (a handler replies from its own thread, synchronously).
+ * simple: INIT's reply asks for FUSE_PASSTHROUGH (devio.c, our own device I/O), and OPEN's and CREATE's
+ * replies carry FOPEN_PASSTHROUGH and a backing id, which the handler leaves in a thread-local right
+ * before it replies (a handler replies from its own thread, synchronously) and kfs_pt_amend puts in.
  * Backing files are registered with the FUSE_DEV_IOC_BACKING_OPEN ioctl, which needs CAP_SYS_ADMIN: an
  * unprivileged daemon, or a kernel without passthrough, runs in the page-cache mode, as before.
  *
@@ -48,36 +45,14 @@
 #include "kfs.h"
 
 /* The kernel's UAPI (linux/fuse.h 7.40), which Debian 12's headers predate. */
-#define PT_FUSE_INIT 26
-#define PT_FUSE_INIT_EXT (1u << 30)
-#define PT_FUSE_PASSTHROUGH_FLAGS2 (1u << (37 - 32))
 #define PT_FOPEN_DIRECT_IO (1u << 0)
 #define PT_FOPEN_KEEP_CACHE (1u << 1)
 #define PT_FOPEN_PASSTHROUGH (1u << 7)
-
-struct pt_in_header {
-        uint32_t len, opcode;
-        uint64_t unique, nodeid;
-        uint32_t uid, gid, pid;
-        uint16_t total_extlen, padding;
-};
-
-struct pt_init_in {
-        uint32_t major, minor, max_readahead, flags, flags2;
-};
 
 struct pt_out_header {
         uint32_t len;
         int32_t error;
         uint64_t unique;
-};
-
-struct pt_init_out {
-        uint32_t major, minor, max_readahead, flags;
-        uint16_t max_background, congestion_threshold;
-        uint32_t max_write, time_gran;
-        uint16_t max_pages, map_alignment;
-        uint32_t flags2, max_stack_depth;
 };
 
 struct pt_open_out {
@@ -95,13 +70,10 @@ struct pt_backing_map {
 #define PT_IOC_BACKING_OPEN _IOW(229, 1, struct pt_backing_map)
 #define PT_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
 
-_Static_assert(sizeof(struct pt_in_header) == 40, "fuse_in_header");
-_Static_assert(sizeof(struct pt_init_out) == 40, "fuse_init_out up to max_stack_depth");
 _Static_assert(sizeof(struct pt_open_out) == 16, "fuse_open_out");
 
 /* Set by a handler right before it replies, consumed by our writev in the same thread. */
 static __thread int32_t reply_backing_id;
-static __thread bool reply_is_init;
 
 /* Records why passthrough is off (the first reason wins) and says so on stderr if say. */
 static void turn_off(struct kfs *fs, bool say, const char *why, int err)
@@ -117,96 +89,57 @@ static void turn_off(struct kfs *fs, bool say, const char *why, int err)
                 fprintf(stderr, "kcachefs: kernel passthrough off (%s); reads go through the page cache\n", fs->pt.why);
 }
 
-static ssize_t pt_read(int fd, void *buf, size_t len, void *ud)
+void kfs_pt_off(struct kfs *fs, const char *why, int err)
 {
-        ssize_t n = read(fd, buf, len);
-        struct kfs *fs = ud;
-        if (n >= (ssize_t)(sizeof(struct pt_in_header) + sizeof(struct pt_init_in)) && !fs->pt.init_seen) {
-                const struct pt_in_header *h = buf;
-                if (h->opcode == PT_FUSE_INIT) {
-                        const struct pt_init_in *in = (const void *)(h + 1);
-                        fs->pt.kernel_offers = (in->flags & PT_FUSE_INIT_EXT) && (in->flags2 & PT_FUSE_PASSTHROUGH_FLAGS2);
-                        fs->pt.init_seen = true; /* INIT is the first request, read before any other thread runs */
-                }
-        }
-        return n;
+        turn_off(fs, true, why, err);
 }
 
-static ssize_t pt_writev(int fd, struct iovec *iov, int count, void *ud)
+const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iovec v[4], char *body, size_t size)
 {
-        (void)ud;
-        /* INIT's, OPEN's and CREATE's replies: a header and one body, at most 144 bytes. */
-        struct iovec v[4];
-        char body[256];
+        /* OPEN's reply is fuse_open_out; CREATE's ends with it. */
         size_t last = count >= 2 ? iov[count - 1].iov_len : 0;
-        if (count >= 2 && count <= 4 && last <= sizeof(body) && (reply_is_init || reply_backing_id) &&
-            ((const struct pt_out_header *)iov[0].iov_base)->error == 0) {
-                memcpy(v, iov, sizeof(*v) * (size_t)count);
-                memcpy(body, iov[count - 1].iov_base, last);
-                v[count - 1].iov_base = body;
-                if (reply_is_init && last >= sizeof(struct pt_init_out)) {
-                        struct pt_init_out *o = (void *)body;
-                        o->flags |= PT_FUSE_INIT_EXT;
-                        o->flags2 |= PT_FUSE_PASSTHROUGH_FLAGS2;
-                        o->max_stack_depth = 1;
-                } else if (reply_backing_id && last >= sizeof(struct pt_open_out)) {
-                        /* OPEN's reply is fuse_open_out; CREATE's ends with it. */
-                        struct pt_open_out *o = (void *)(body + last - sizeof(*o));
-                        o->open_flags = (o->open_flags & ~PT_FOPEN_KEEP_CACHE) | PT_FOPEN_PASSTHROUGH;
-                        o->backing_id = reply_backing_id;
-                }
-                reply_is_init = false;
-                reply_backing_id = 0;
-                return writev(fd, v, count);
-        }
-        return writev(fd, iov, count);
+        int32_t id = reply_backing_id;
+        if (!id)
+                return iov;
+        reply_backing_id = 0;
+        if (count < 2 || count > 4 || last > size || last < sizeof(struct pt_open_out) ||
+            ((const struct pt_out_header *)iov[0].iov_base)->error != 0)
+                return iov;
+        memcpy(v, iov, sizeof(*v) * (size_t)count);
+        memcpy(body, iov[count - 1].iov_base, last);
+        v[count - 1].iov_base = body;
+        struct pt_open_out *o = (void *)(body + last - sizeof(*o));
+        o->open_flags = (o->open_flags & ~PT_FOPEN_KEEP_CACHE) | PT_FOPEN_PASSTHROUGH;
+        o->backing_id = id;
+        return v;
 }
 
-static ssize_t pt_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
-                              void *ud)
-{
-        (void)ud;
-        return splice(fdin, offin, fdout, offout, len, flags);
-}
-
-int kfs_pt_setup(struct kfs *fs)
+void kfs_pt_setup(struct kfs *fs)
 {
         pthread_mutex_init(&fs->pt.lock, NULL);
-        fs->pt.fd = fuse_session_fd(fs->se);
-        if (fs->o.nopassthrough) {
+        if (fs->o.nopassthrough)
                 turn_off(fs, false, "-o nopassthrough", 0);
-                return 0;
-        }
-        if (geteuid() != 0) {
+        else if (geteuid() != 0)
                 turn_off(fs, true, "the daemon is not root (the kernel's backing-file ioctl needs CAP_SYS_ADMIN)", 0);
-                return 0;
-        }
-        static const struct fuse_custom_io io = { .read = pt_read, .writev = pt_writev, .splice_send = pt_splice_send };
-        int r = fuse_session_custom_io(fs->se, &io, fs->pt.fd);
-        if (r < 0) {
-                turn_off(fs, true, "libfuse refused the custom device I/O", -r);
-                return 0;
-        }
-        fs->pt.hooked = true;
-        return 0;
+        else
+                fs->pt.wanted = true;
 }
 
 void kfs_pt_init(struct kfs *fs)
 {
-        if (!fs->pt.hooked)
-                return;
-        if (!fs->pt.kernel_offers) {
+        if (!fs->pt.wanted || !fs->devio.hooked)
+                return; /* off, and why was said */
+        if (!fs->devio.offers_pt) {
                 turn_off(fs, true, "the kernel does not offer it (Linux 6.9+ with CONFIG_FUSE_PASSTHROUGH)", 0);
                 return;
         }
-        reply_is_init = true; /* libfuse sends INIT's reply from this thread when init returns */
         atomic_store(&fs->pt.on, true);
 }
 
 static int backing_open(struct kfs *fs, int fd)
 {
         struct pt_backing_map m = { .fd = fd };
-        int id = ioctl(fs->pt.fd, PT_IOC_BACKING_OPEN, &m);
+        int id = ioctl(fs->devio.fd, PT_IOC_BACKING_OPEN, &m);
         if (id > 0)
                 return id;
         int e = id < 0 ? errno : EINVAL;
@@ -272,7 +205,7 @@ void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in)
 {
         uint32_t id = (uint32_t)atomic_exchange(&in->pt_id, 0);
         if (id > 0)
-                (void)ioctl(fs->pt.fd, PT_IOC_BACKING_CLOSE, &id);
+                (void)ioctl(fs->devio.fd, PT_IOC_BACKING_CLOSE, &id);
 }
 
 const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size)

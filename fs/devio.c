@@ -1,0 +1,136 @@
+/* devio.c: the daemon's own /dev/fuse I/O.
+ *
+ * libfuse 3.14 lets a daemon bring its own device I/O (fuse_session_custom_io), and kcachefs does, for
+ * two kernel features that Debian 12's libfuse predates: passthrough (passthrough.c, libfuse 3.16) and
+ * FUSE over io_uring (ring.c, libfuse 3.18). Our read sees the kernel's INIT request, which says what the
+ * kernel offers. Our writev sees every reply before the kernel does:
+ *   - INIT's reply asks for what is wanted (FUSE_PASSTHROUGH with max_stack_depth 1, and
+ *     FUSE_OVER_IO_URING), and once the kernel has taken it the rings start;
+ *   - OPEN's and CREATE's replies get their backing file from passthrough.c;
+ *   - a reply to a request that came through a ring goes into that ring's entry (ring.c), every other
+ *     one (and every notification) to /dev/fuse.
+ * The hooks are installed unless both features are switched off. */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+/* The kernel's UAPI (linux/fuse.h 7.42). */
+#define DEV_FUSE_INIT 26
+#define DEV_INIT_EXT (1u << 30)
+#define DEV_PASSTHROUGH_FLAGS2 (1u << (37 - 32))
+#define DEV_OVER_IO_URING_FLAGS2 (1u << (41 - 32))
+
+struct dev_in_header {
+        uint32_t len, opcode;
+        uint64_t unique, nodeid;
+        uint32_t uid, gid, pid;
+        uint16_t total_extlen, padding;
+};
+
+struct dev_init_in {
+        uint32_t major, minor, max_readahead, flags, flags2;
+};
+
+struct dev_out_header {
+        uint32_t len;
+        int32_t error;
+        uint64_t unique;
+};
+
+struct dev_init_out {
+        uint32_t major, minor, max_readahead, flags;
+        uint16_t max_background, congestion_threshold;
+        uint32_t max_write, time_gran;
+        uint16_t max_pages, map_alignment;
+        uint32_t flags2, max_stack_depth;
+};
+
+_Static_assert(sizeof(struct dev_in_header) == 40, "fuse_in_header");
+_Static_assert(sizeof(struct dev_init_out) == 40, "fuse_init_out up to max_stack_depth");
+
+static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
+{
+        ssize_t n = read(fd, buf, len);
+        struct kfs *fs = ud;
+        if (n >= (ssize_t)(sizeof(struct dev_in_header) + sizeof(struct dev_init_in)) && !fs->devio.init_seen) {
+                const struct dev_in_header *h = buf;
+                if (h->opcode == DEV_FUSE_INIT) {
+                        const struct dev_init_in *in = (const void *)(h + 1);
+                        bool ext = in->flags & DEV_INIT_EXT;
+                        fs->devio.offers_pt = ext && (in->flags2 & DEV_PASSTHROUGH_FLAGS2);
+                        fs->devio.offers_ring = ext && (in->flags2 & DEV_OVER_IO_URING_FLAGS2);
+                        fs->devio.init_unique = h->unique;
+                        fs->devio.init_seen = true; /* INIT is the first request, read before any other thread runs */
+                }
+        }
+        return n;
+}
+
+/* INIT's reply: a header and fuse_init_out. */
+static ssize_t init_reply(struct kfs *fs, int fd, struct iovec *iov, int count)
+{
+        fs->devio.init_done = true;
+        struct dev_init_out o;
+        const struct dev_out_header *h = iov[0].iov_base;
+        if (count != 2 || h->error != 0 || iov[1].iov_len < sizeof(o))
+                return writev(fd, iov, count);
+        memcpy(&o, iov[1].iov_base, sizeof(o));
+        bool ring = kfs_ring_wanted(fs);
+        if (atomic_load(&fs->pt.on)) {
+                o.flags |= DEV_INIT_EXT;
+                o.flags2 |= DEV_PASSTHROUGH_FLAGS2;
+                o.max_stack_depth = 1;
+        }
+        if (ring) {
+                o.flags |= DEV_INIT_EXT;
+                o.flags2 |= DEV_OVER_IO_URING_FLAGS2;
+        }
+        char body[256];
+        size_t n = iov[1].iov_len < sizeof(body) ? iov[1].iov_len : sizeof(body);
+        memcpy(body, iov[1].iov_base, n);
+        memcpy(body, &o, sizeof(o));
+        struct iovec v[2] = { iov[0], { body, n } };
+        ssize_t r = writev(fd, v, 2);
+        if (r >= 0 && ring) /* the kernel took INIT: registering ring entries is allowed from now on */
+                kfs_ring_start(fs, o.max_write);
+        return r;
+}
+
+static ssize_t dev_writev(int fd, struct iovec *iov, int count, void *ud)
+{
+        struct kfs *fs = ud;
+        const struct dev_out_header *h = iov[0].iov_base;
+        if (!fs->devio.init_done && fs->devio.init_seen && h->unique == fs->devio.init_unique)
+                return init_reply(fs, fd, iov, count);
+        struct iovec v[4];
+        char body[256];
+        const struct iovec *use = kfs_pt_amend(iov, count, v, body, sizeof(body));
+        return kfs_ring_writev(fs, fd, use, count);
+}
+
+static ssize_t dev_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
+                               void *ud)
+{
+        (void)ud; /* used only when splicing was negotiated, which the rings exclude (kfs_op_init) */
+        return splice(fdin, offin, fdout, offout, len, flags);
+}
+
+void kfs_dev_setup(struct kfs *fs)
+{
+        fs->devio.fd = fuse_session_fd(fs->se);
+        if (fs->o.nouring && !fs->pt.wanted)
+                return;
+        static const struct fuse_custom_io io = { .read = dev_read, .writev = dev_writev, .splice_send = dev_splice_send };
+        int r = fuse_session_custom_io(fs->se, &io, fs->devio.fd);
+        if (r < 0) {
+                fprintf(stderr, "kcachefs: libfuse refused the custom device I/O (%s): no passthrough, no io_uring\n",
+                        strerror(-r));
+                kfs_pt_off(fs, "libfuse refused the custom device I/O", -r);
+                return;
+        }
+        fs->devio.hooked = true;
+}

@@ -1,0 +1,547 @@
+/* ring.c: FUSE over io_uring (Linux 6.14+, with the fuse module's enable_uring parameter on).
+ *
+ * WHY. Through /dev/fuse every request costs the daemon a read(2) and a writev(2), and the worker that
+ * takes it is whichever one the kernel wakes, usually on another CPU than the process that asked. On a
+ * small virtual machine that cross-CPU wakeup is most of a request's cost: a warm open+read+close took
+ * 107 ms for 2,200 files with the reader and the daemon pinned to one CPU, and 200 ms unpinned. With
+ * io_uring the kernel keeps one queue of requests per CPU; a request waits in the queue of the CPU its
+ * process runs on, and the daemon's threads for that queue are pinned there, so the handoff is a local
+ * context switch, and one io_uring_enter(2) both returns a reply and waits for the next request.
+ *
+ * HOW, WITH LIBFUSE 3.14 (which predates io_uring support, 3.18). The kernel's protocol:
+ *   - INIT's reply carries FUSE_OVER_IO_URING when the kernel offered it (devio.c);
+ *   - after that, each ring entry (a 288-byte header buffer and a payload buffer as large as the largest
+ *     request) is registered with an IORING_OP_URING_CMD (FUSE_IO_URING_CMD_REGISTER, 128-byte SQEs) on
+ *     /dev/fuse, naming its queue. Once every queue (one per possible CPU) has an entry, the kernel sends
+ *     requests through the rings; FORGET and INTERRUPT still come through /dev/fuse, where libfuse's
+ *     workers go on reading;
+ *   - the command completes when a request is in the entry: the fuse_in_header, the operation's own
+ *     header (its first argument) in a separate 128-byte slot, and the rest in the payload. The daemon
+ *     answers with FUSE_IO_URING_CMD_COMMIT_AND_FETCH: the fuse_out_header in the header buffer, the
+ *     reply's arguments in the payload, which also re-arms the entry.
+ * libfuse's request handling is reused whole: a request is rebuilt in the /dev/fuse layout just before
+ * its payload (the payload buffer starts 256 bytes into the entry's allocation, so only the two small
+ * headers are copied, never the data) and given to fuse_session_process_buf; its reply comes back
+ * through our writev (devio.c), which recognizes a ring request by its unique id and copies the reply
+ * into that entry instead of writing /dev/fuse.
+ *
+ * THREADS. Each queue gets RING_THREADS threads pinned to its CPU, each with its own io_uring (single
+ * issuer, task work deferred to its own waits) and one entry. The kernel hands a request only to an
+ * entry waiting for one, so a thread busy in a slow handler (an fsync, an eviction) gets no new request;
+ * the other takes it. A handler that answers later from another thread (a flock() that must wait) keeps
+ * its entry out of the kernel until then, so its thread registers a new one at once: 24 processes
+ * queued on one lock must not take every entry, the unlock's included. That reply is handed to the
+ * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
+ * of a ring's submissions come from its owner.
+ *
+ * THE KERNEL'S SWITCH. The kernel offers io_uring in INIT only while the fuse module's enable_uring
+ * parameter is on, and it is off by default. It only allows daemons that ask for io_uring to use it,
+ * so a root daemon turns it on before mounting (and says so), on the kernels it was tested on (6.18+);
+ * -o nouring leaves it alone. When the kernel does not offer it, everything goes through /dev/fuse. */
+#include <errno.h>
+#include <linux/io_uring.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+/* The kernel's UAPI (linux/fuse.h 7.42), which Debian 12's headers predate. */
+struct ring_ent_in_out {
+        uint64_t flags, commit_id;
+        uint32_t payload_sz, padding;
+        uint64_t reserved;
+};
+
+struct ring_req_header {
+        char in_out[128];         /* fuse_in_header; fuse_out_header in the reply */
+        char op_in[128];          /* the operation's header */
+        struct ring_ent_in_out ent;
+};
+
+struct ring_cmd_req {
+        uint64_t flags, commit_id;
+        uint16_t qid;
+        uint8_t padding[6];
+};
+
+struct ring_in_header {
+        uint32_t len, opcode;
+        uint64_t unique, nodeid;
+        uint32_t uid, gid, pid;
+        uint16_t total_extlen, padding;
+};
+
+struct ring_out_header {
+        uint32_t len;
+        int32_t error;
+        uint64_t unique;
+};
+
+_Static_assert(sizeof(struct ring_req_header) == 288, "fuse_uring_req_header");
+_Static_assert(sizeof(struct ring_cmd_req) == 24, "fuse_uring_cmd_req");
+
+#define RING_CMD_REGISTER 1
+#define RING_CMD_COMMIT_AND_FETCH 2
+#define RING_THREADS 2            /* per queue */
+#define RING_ROOM 256             /* before the payload: where a request's headers are rebuilt */
+#define RING_TAG_EVENT 1          /* user_data of the eventfd read; entries use their address */
+
+struct ring_ent {
+        struct ring_thread *t;
+        _Atomic uint64_t unique;  /* the request it holds; 0: none */
+        bool replied;             /* owner: the reply is in the buffers */
+        struct ring_req_header hdr;
+        char *area;               /* RING_ROOM + payload */
+        struct iovec iov[2];
+        struct ring_ent *next;    /* handoff list; t->lock */
+        struct ring_ent *_Atomic all; /* every entry of the rings, newest first (never shrinks) */
+};
+
+struct ring_thread {
+        struct kfs *fs;
+        unsigned qid;
+        int fd, efd;
+        uint64_t ebuf;
+        /* The mapped rings. */
+        unsigned *sq_head, *sq_tail, *sq_mask, *sq_array, *cq_head, *cq_tail, *cq_mask;
+        struct io_uring_cqe *cqes;
+        char *sqes;
+        void *sq_map, *cq_map, *sqe_map;
+        size_t sq_len, cq_len, sqe_len;
+        unsigned pending;         /* SQEs written, not yet submitted */
+        pthread_t th;
+        bool started;
+        unsigned sq_entries;
+        pthread_mutex_t lock;
+        struct ring_ent *handoff; /* replies from other threads; lock */
+};
+
+struct kfs_ring {
+        unsigned nq, nt;
+        size_t payload;
+        _Atomic bool stop;
+        struct ring_thread *t;    /* nt */
+        struct ring_ent *_Atomic ents; /* list through ->all */
+};
+
+static __thread struct ring_ent *cur_ent; /* the request this thread is handling */
+
+static int ring_setup(struct ring_thread *t)
+{
+        struct io_uring_params p = { .flags = IORING_SETUP_SQE128 | IORING_SETUP_SINGLE_ISSUER |
+                                              IORING_SETUP_DEFER_TASKRUN };
+        t->fd = (int)syscall(__NR_io_uring_setup, 64, &p);
+        if (t->fd < 0)
+                return -errno;
+        t->sq_len = p.sq_off.array + p.sq_entries * sizeof(unsigned);
+        t->cq_len = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
+        if (p.features & IORING_FEAT_SINGLE_MMAP)
+                t->sq_len = t->cq_len = t->sq_len > t->cq_len ? t->sq_len : t->cq_len;
+        t->sq_map = mmap(NULL, t->sq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, t->fd, IORING_OFF_SQ_RING);
+        if (t->sq_map == MAP_FAILED)
+                return -errno;
+        t->cq_map = t->sq_map;
+        if (!(p.features & IORING_FEAT_SINGLE_MMAP)) {
+                t->cq_map = mmap(NULL, t->cq_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, t->fd,
+                                 IORING_OFF_CQ_RING);
+                if (t->cq_map == MAP_FAILED)
+                        return -errno;
+        }
+        t->sqe_len = p.sq_entries * 128;
+        t->sqe_map = mmap(NULL, t->sqe_len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, t->fd, IORING_OFF_SQES);
+        if (t->sqe_map == MAP_FAILED)
+                return -errno;
+        char *sq = t->sq_map, *cq = t->cq_map;
+        t->sq_head = (unsigned *)(sq + p.sq_off.head);
+        t->sq_tail = (unsigned *)(sq + p.sq_off.tail);
+        t->sq_mask = (unsigned *)(sq + p.sq_off.ring_mask);
+        t->sq_array = (unsigned *)(sq + p.sq_off.array);
+        t->cq_head = (unsigned *)(cq + p.cq_off.head);
+        t->cq_tail = (unsigned *)(cq + p.cq_off.tail);
+        t->cq_mask = (unsigned *)(cq + p.cq_off.ring_mask);
+        t->cqes = (struct io_uring_cqe *)(cq + p.cq_off.cqes);
+        t->sqes = t->sqe_map;
+        t->sq_entries = p.sq_entries;
+        return 0;
+}
+
+static void ring_unmap(struct ring_thread *t)
+{
+        if (t->sqe_map && t->sqe_map != MAP_FAILED)
+                munmap(t->sqe_map, t->sqe_len);
+        if (t->cq_map && t->cq_map != MAP_FAILED && t->cq_map != t->sq_map)
+                munmap(t->cq_map, t->cq_len);
+        if (t->sq_map && t->sq_map != MAP_FAILED)
+                munmap(t->sq_map, t->sq_len);
+        if (t->fd >= 0)
+                close(t->fd);
+        t->fd = -1;
+}
+
+static void sq_publish(struct ring_thread *t)
+{
+        __atomic_store_n(t->sq_tail, *t->sq_tail + t->pending, __ATOMIC_RELEASE);
+}
+
+/* Submits every SQE not yet consumed; then waits for a completion if wait. */
+static int ring_enter(struct ring_thread *t, bool wait)
+{
+        sq_publish(t);
+        t->pending = 0;
+        for (;;) {
+                unsigned n = *t->sq_tail - __atomic_load_n(t->sq_head, __ATOMIC_ACQUIRE);
+                long r = syscall(__NR_io_uring_enter, t->fd, n, wait ? 1 : 0, wait ? IORING_ENTER_GETEVENTS : 0, NULL, 0);
+                if (r >= 0)
+                        return 0;
+                if (errno != EINTR && errno != EAGAIN && errno != EBUSY)
+                        return -errno;
+                if (!wait)
+                        return 0;
+        }
+}
+
+static struct io_uring_sqe *sqe_get(struct ring_thread *t)
+{
+        if (*t->sq_tail + t->pending - __atomic_load_n(t->sq_head, __ATOMIC_ACQUIRE) >= t->sq_entries)
+                (void)ring_enter(t, false); /* full: hand what is there to the kernel first */
+        unsigned tail = *t->sq_tail + t->pending, i = tail & *t->sq_mask;
+        struct io_uring_sqe *s = (struct io_uring_sqe *)(t->sqes + (size_t)i * 128);
+        memset(s, 0, 128);
+        t->sq_array[i] = i;
+        t->pending++;
+        return s;
+}
+
+static void sqe_cmd(struct ring_thread *t, struct ring_ent *e, unsigned op, uint64_t commit_id)
+{
+        struct io_uring_sqe *s = sqe_get(t);
+        s->opcode = IORING_OP_URING_CMD;
+        s->fd = t->fs->devio.fd;
+        s->cmd_op = op;
+        s->addr = (uint64_t)(uintptr_t)e->iov;
+        s->len = 2;
+        s->user_data = (uint64_t)(uintptr_t)e;
+        struct ring_cmd_req *c = (struct ring_cmd_req *)s->cmd;
+        c->commit_id = commit_id;
+        c->qid = (uint16_t)t->qid;
+}
+
+static void sqe_event(struct ring_thread *t)
+{
+        struct io_uring_sqe *s = sqe_get(t);
+        s->opcode = IORING_OP_READ;
+        s->fd = t->efd;
+        s->addr = (uint64_t)(uintptr_t)&t->ebuf;
+        s->len = sizeof(t->ebuf);
+        s->off = (uint64_t)-1;
+        s->user_data = RING_TAG_EVENT;
+}
+
+/* A new entry for t, registered by the caller (in t's thread). */
+static struct ring_ent *ent_new(struct ring_thread *t)
+{
+        struct kfs_ring *r = t->fs->ring;
+        struct ring_ent *e = calloc(1, sizeof(*e));
+        if (!e)
+                return NULL;
+        e->area = mmap(NULL, RING_ROOM + r->payload, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (e->area == MAP_FAILED) {
+                free(e);
+                return NULL;
+        }
+        e->t = t;
+        e->iov[0] = (struct iovec){ &e->hdr, sizeof(e->hdr) };
+        e->iov[1] = (struct iovec){ e->area + RING_ROOM, r->payload };
+        struct ring_ent *head = atomic_load(&r->ents);
+        do
+                e->all = head;
+        while (!atomic_compare_exchange_weak(&r->ents, &head, e));
+        return e;
+}
+
+static void commit(struct ring_thread *t, struct ring_ent *e)
+{
+        sqe_cmd(t, e, RING_CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
+}
+
+/* A request is in e: rebuild it in /dev/fuse's layout right before the payload and let libfuse run it. */
+static void handle(struct ring_thread *t, struct ring_ent *e)
+{
+        struct ring_in_header in;
+        memcpy(&in, e->hdr.in_out, sizeof(in));
+        uint32_t psz = e->hdr.ent.payload_sz;
+        size_t op = in.len >= sizeof(in) + psz ? in.len - sizeof(in) - psz : SIZE_MAX;
+        if (op > sizeof(e->hdr.op_in) || psz > t->fs->ring->payload) {
+                /* Not a request the protocol can produce: answer EIO rather than guess. */
+                struct ring_out_header o = { .len = sizeof(o), .error = -EIO, .unique = in.unique };
+                memcpy(e->hdr.in_out, &o, sizeof(o));
+                e->hdr.ent.payload_sz = 0;
+                commit(t, e);
+                return;
+        }
+        char *start = e->area + RING_ROOM - sizeof(in) - op;
+        memcpy(start, &in, sizeof(in));
+        memcpy(start + sizeof(in), e->hdr.op_in, op);
+        struct fuse_buf b = { .size = in.len, .mem = start };
+        atomic_fetch_add_explicit(&t->fs->ring_requests, 1, memory_order_relaxed);
+        e->replied = false;
+        atomic_store(&e->unique, in.unique);
+        cur_ent = e;
+        fuse_session_process_buf(t->fs->se, &b);
+        cur_ent = NULL;
+        if (e->replied) {
+                commit(t, e);
+                return;
+        }
+        /* The reply comes later from another thread (a flock() that waits) and e stays out of the kernel
+         * until then; the kernel gives requests only to entries waiting for one, so without a new one
+         * this thread would take none meanwhile, and enough waiters would leave no entry at all, the
+         * request that ends their wait included. Entries are never given back: there are as many as the
+         * most replies ever outstanding at once. */
+        struct ring_ent *n = ent_new(t);
+        if (n)
+                sqe_cmd(t, n, RING_CMD_REGISTER, 0);
+}
+
+static void take_handoff(struct ring_thread *t)
+{
+        pthread_mutex_lock(&t->lock);
+        struct ring_ent *e = t->handoff;
+        t->handoff = NULL;
+        pthread_mutex_unlock(&t->lock);
+        for (; e; e = e->next)
+                commit(t, e);
+}
+
+static void *ring_main(void *arg)
+{
+        struct ring_thread *t = arg;
+        struct kfs_ring *r = t->fs->ring;
+        sigset_t all;
+        sigfillset(&all);
+        pthread_sigmask(SIG_BLOCK, &all, NULL); /* libfuse's and our signals go to other threads */
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(t->qid, &cpus);
+        (void)sched_setaffinity(0, sizeof(cpus), &cpus); /* fails for an offline CPU: then anywhere */
+        int err = ring_setup(t);
+        if (err < 0) {
+                fprintf(stderr, "kcachefs: io_uring setup failed: %s\n", strerror(-err));
+                return NULL;
+        }
+        struct ring_ent *first = ent_new(t);
+        if (!first) {
+                fprintf(stderr, "kcachefs: io_uring entry: %s\n", strerror(ENOMEM));
+                return NULL;
+        }
+        sqe_event(t);
+        sqe_cmd(t, first, RING_CMD_REGISTER, 0);
+        while (!atomic_load(&r->stop)) {
+                if ((err = ring_enter(t, true)) < 0) {
+                        fprintf(stderr, "kcachefs: io_uring_enter: %s\n", strerror(-err));
+                        break;
+                }
+                unsigned head = *t->cq_head, tail = __atomic_load_n(t->cq_tail, __ATOMIC_ACQUIRE);
+                bool dead = false;
+                for (; head != tail; head++) {
+                        struct io_uring_cqe *c = &t->cqes[head & *t->cq_mask];
+                        if (c->user_data == RING_TAG_EVENT) {
+                                take_handoff(t);
+                                sqe_event(t);
+                                continue;
+                        }
+                        struct ring_ent *e = (struct ring_ent *)(uintptr_t)c->user_data;
+                        if (c->res < 0) {
+                                /* ENOTCONN/ECONNABORTED: unmounted or aborted; anything else is a bug */
+                                if (c->res != -ENOTCONN && c->res != -ECONNABORTED && c->res != -ECANCELED)
+                                        fprintf(stderr, "kcachefs: io_uring entry of queue %u: %s\n", t->qid,
+                                                strerror(-c->res));
+                                dead = true;
+                                continue;
+                        }
+                        handle(t, e);
+                }
+                __atomic_store_n(t->cq_head, head, __ATOMIC_RELEASE);
+                if (dead)
+                        break;
+        }
+        return NULL;
+}
+
+#define RING_SWITCH "/sys/module/fuse/parameters/enable_uring"
+
+void kfs_ring_prepare(struct kfs *fs)
+{
+        if (fs->o.nouring || fs->singlethread || geteuid() != 0)
+                return;
+        FILE *f = fopen(RING_SWITCH, "r");
+        int c = f ? fgetc(f) : EOF;
+        if (f)
+                fclose(f);
+        struct utsname u;
+        unsigned major = 0, minor = 0;
+        if (c != 'N' || uname(&u) != 0 || sscanf(u.release, "%u.%u", &major, &minor) != 2 ||
+            major * 1000 + minor < 6018)
+                return; /* on already, absent (before 6.14), or a kernel it was not tried on */
+        f = fopen(RING_SWITCH, "w");
+        bool ok = f && fputs("Y\n", f) >= 0;
+        if (f && fclose(f) != 0)
+                ok = false;
+        if (ok)
+                fprintf(stderr, "kcachefs: turned on FUSE over io_uring in the kernel (%s); -o nouring leaves it "
+                                "off\n", RING_SWITCH);
+}
+
+bool kfs_ring_wanted(struct kfs *fs)
+{
+        return fs->devio.offers_ring && !fs->o.nouring && !fs->singlethread;
+}
+
+void kfs_ring_start(struct kfs *fs, uint32_t max_write)
+{
+        struct kfs_ring *r = calloc(1, sizeof(*r));
+        long n = sysconf(_SC_NPROCESSORS_CONF);
+        /* The kernel's queues: one per possible CPU (num_possible_cpus(), CPUs numbered from 0). */
+        FILE *f = fopen("/sys/devices/system/cpu/possible", "r");
+        unsigned lo, hi;
+        if (f) {
+                if (fscanf(f, "%u-%u", &lo, &hi) == 2 && lo == 0)
+                        n = (long)hi + 1;
+                else if (lo == 0)
+                        n = 1;
+                fclose(f);
+        }
+        if (!r || n < 1 || n > 4096)
+                goto fail;
+        r->nq = (unsigned)n;
+        r->nt = r->nq * RING_THREADS;
+        r->payload = max_write > 1024 * 1024 ? max_write : 1024 * 1024;
+        r->t = calloc(r->nt, sizeof(*r->t));
+        if (!r->t)
+                goto fail;
+        fs->ring = r;
+        for (unsigned i = 0; i < r->nt; i++) {
+                struct ring_thread *t = &r->t[i];
+                t->fs = fs;
+                t->qid = i / RING_THREADS;
+                t->fd = -1;
+                pthread_mutex_init(&t->lock, NULL);
+                t->efd = eventfd(0, EFD_CLOEXEC);
+                if (t->efd < 0)
+                        goto fail;
+        }
+        /* On before the first thread runs: from then on a reply may be for a ring request. */
+        atomic_store(&fs->ring_on, true);
+        for (unsigned i = 0; i < r->nt; i++) {
+                if (pthread_create(&r->t[i].th, NULL, ring_main, &r->t[i]) != 0)
+                        goto fail;
+                r->t[i].started = true;
+        }
+        return;
+fail:
+        fprintf(stderr, "kcachefs: io_uring transport not started (%s); requests go through /dev/fuse\n",
+                strerror(errno ? errno : ENOMEM));
+        if (r && fs->ring == r)
+                kfs_ring_stop(fs);
+        else
+                free(r);
+}
+
+ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count)
+{
+        const struct ring_out_header *o = iov[0].iov_base;
+        struct ring_ent *e = cur_ent;
+        if (!o->unique || !atomic_load(&fs->ring_on))
+                return writev(fd, iov, count);
+        if (!e || atomic_load(&e->unique) != o->unique) {
+                for (e = atomic_load(&fs->ring->ents); e; e = e->all)
+                        if (atomic_load(&e->unique) == o->unique)
+                                break;
+                if (!e)
+                        return writev(fd, iov, count); /* a request that came through /dev/fuse */
+        }
+        size_t total = 0;
+        for (int i = 1; i < count; i++)
+                total += iov[i].iov_len;
+        if (total > fs->ring->payload) {
+                errno = EINVAL;
+                return -1;
+        }
+        char *p = e->area + RING_ROOM;
+        for (int i = 1; i < count; i++) {
+                memcpy(p, iov[i].iov_base, iov[i].iov_len);
+                p += iov[i].iov_len;
+        }
+        memcpy(e->hdr.in_out, o, sizeof(*o));
+        e->hdr.ent.payload_sz = (uint32_t)total;
+        atomic_store(&e->unique, 0);
+        if (e == cur_ent) {
+                e->replied = true;
+        } else {
+                struct ring_thread *t = e->t;
+                pthread_mutex_lock(&t->lock);
+                e->next = t->handoff;
+                t->handoff = e;
+                pthread_mutex_unlock(&t->lock);
+                uint64_t one = 1;
+                (void)!write(t->efd, &one, sizeof(one));
+        }
+        return (ssize_t)(total + sizeof(*o));
+}
+
+void kfs_ring_stop(struct kfs *fs)
+{
+        struct kfs_ring *r = fs->ring;
+        if (!r)
+                return;
+        atomic_store(&fs->ring_on, false);
+        atomic_store(&r->stop, true);
+        for (unsigned i = 0; i < r->nt; i++) {
+                struct ring_thread *t = &r->t[i];
+                if (t->started) {
+                        uint64_t one = 1;
+                        (void)!write(t->efd, &one, sizeof(one));
+                        pthread_join(t->th, NULL);
+                }
+        }
+        for (unsigned i = 0; i < r->nt; i++) {
+                struct ring_thread *t = &r->t[i];
+                ring_unmap(t);
+                if (t->efd > 0)
+                        close(t->efd);
+                pthread_mutex_destroy(&t->lock);
+        }
+        for (struct ring_ent *e = atomic_load(&r->ents), *next; e; e = next) {
+                next = e->all;
+                munmap(e->area, RING_ROOM + r->payload);
+                free(e);
+        }
+        free(r->t);
+        free(r);
+        fs->ring = NULL;
+}
+
+const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)
+{
+        if (atomic_load(&fs->ring_on)) {
+                snprintf(buf, size, "io_uring (%u queues)", fs->ring->nq);
+                return buf;
+        }
+        if (fs->o.nouring)
+                return "/dev/fuse (-o nouring)";
+        if (fs->singlethread)
+                return "/dev/fuse (single-threaded)";
+        if (!fs->devio.hooked)
+                return "/dev/fuse";
+        return fs->devio.offers_ring ? "/dev/fuse (io_uring failed to start)"
+                                   : "/dev/fuse (the kernel does not offer io_uring: Linux 6.14+ with "
+                                     "/sys/module/fuse/parameters/enable_uring on)";
+}

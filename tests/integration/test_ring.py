@@ -1,0 +1,174 @@
+"""FUSE over io_uring (fs/ring.c), through a real mount: negotiated when the kernel offers it, every
+request but FORGET and INTERRUPT served through the per-CPU rings, replies sent later from other threads
+(flock waits) delivered, the largest requests and replies intact, -o nouring honoured, and a daemon killed
+with requests in its rings leaves nothing hanging."""
+import fcntl
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from conftest import wait_for
+
+SWITCH = "/sys/module/fuse/parameters/enable_uring"
+RING = {"nouring": False}  # io_uring on where the kernel offers it, whatever KCACHEFS_MOUNT_OPTS says
+
+
+def transport(m):
+    return os.getxattr(m.mnt, "user.kcachefs.transport").decode()
+
+
+def ring_requests(m):
+    return int(os.getxattr(m.mnt, "user.kcachefs.ring_requests"))
+
+
+@pytest.fixture
+def ringmount(kfs):
+    def make(opts=None, **kw):
+        m = kfs({**RING, **(opts or {})}, **kw)
+        t = transport(m)
+        if "does not offer" in t:
+            pytest.skip(f"this kernel has no FUSE over io_uring ({t})")
+        assert t.startswith("io_uring ("), t
+        return m
+    return make
+
+
+def workload(root):
+    """Most request types, with their results checked."""
+    d = os.path.join(root, "a", "b")
+    os.makedirs(d)
+    data = os.urandom(3 * 1024 * 1024 + 17)  # more than one 1 MiB request
+    with open(os.path.join(d, "f.tmp"), "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(os.path.join(d, "f.tmp"), os.path.join(d, "f"))
+    os.setxattr(os.path.join(d, "f"), "user.x", b"y")
+    assert os.getxattr(os.path.join(d, "f"), "user.x") == b"y"
+    assert os.stat(os.path.join(d, "f")).st_size == len(data)
+    with open(os.path.join(d, "f"), "rb") as f:
+        assert f.read() == data
+    os.symlink("f", os.path.join(d, "l"))
+    assert os.readlink(os.path.join(d, "l")) == "f"
+    assert sorted(os.listdir(d)) == ["f", "l"]
+    for i in range(50):
+        with open(os.path.join(d, f"s{i}"), "w") as f:
+            f.write(str(i))
+    assert all(open(os.path.join(d, f"s{i}")).read() == str(i) for i in range(50))
+    os.truncate(os.path.join(d, "f"), 10)
+    assert open(os.path.join(d, "f"), "rb").read() == data[:10]
+    for n in os.listdir(d):
+        os.unlink(os.path.join(d, n))
+    os.rmdir(d)
+
+
+@pytest.mark.parametrize("reads", ["passthrough", "page cache"])
+def test_requests_go_through_the_rings(ringmount, reads):
+    m = ringmount({"nopassthrough": reads == "page cache"})
+    before = ring_requests(m)
+    workload(m.mnt)
+    # Every one of those requests came through a ring: there are hundreds of them.
+    assert ring_requests(m) - before > 300
+    # From every CPU: each has its own queue, served by threads pinned to it.
+    for cpu in sorted(os.sched_getaffinity(0)):
+        r = os.fork()
+        if r == 0:
+            try:
+                os.sched_setaffinity(0, {cpu})
+                for i in range(20):
+                    with open(os.path.join(m.mnt, f"cpu{cpu}-{i}"), "wb") as f:
+                        f.write(b"x" * 4096)
+                os._exit(0)
+            except BaseException:
+                os._exit(1)
+        assert os.waitpid(r, 0)[1] == 0
+    assert all(os.path.getsize(m.path(f"cpu{c}-{i}")) == 4096 for c in os.sched_getaffinity(0) for i in range(20))
+
+
+def test_nouring_takes_everything_through_dev_fuse(kfs):
+    m = kfs({"nouring": True})
+    assert transport(m) == "/dev/fuse (-o nouring)"
+    workload(m.mnt)
+    assert ring_requests(m) == 0
+
+
+def test_the_switch_is_turned_on_by_a_root_daemon_and_left_alone_with_nouring(kfs):
+    if not os.path.exists(SWITCH):
+        pytest.skip("this kernel has no FUSE over io_uring (Linux 6.14+)")
+    if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (6, 18):
+        pytest.skip("the daemon turns the switch on only on kernels it was tried on (6.18+)")
+    with open(SWITCH) as f:
+        was = f.read().strip()
+    try:
+        with open(SWITCH, "w") as f:
+            f.write("N\n")
+        m = kfs({"nouring": True})
+        assert open(SWITCH).read().strip() == "N"
+        assert transport(m) == "/dev/fuse (-o nouring)"
+        m.stop()
+        m.opts["nouring"] = False
+        m.start()
+        assert open(SWITCH).read().strip() == "Y"
+        assert "turned on FUSE over io_uring" in m.stderr
+        assert transport(m).startswith("io_uring (")
+    finally:
+        with open(SWITCH, "w") as f:
+            f.write(was + "\n")
+
+
+def test_replies_sent_later_from_other_threads_arrive(ringmount):
+    """flock() waits are answered from threads of their own: each holds its ring entry until then, and
+    the daemon must keep taking requests meanwhile (the unlock among them)."""
+    m = ringmount()
+    path = m.path("lockfile")
+    open(path, "w").close()
+    holder = open(path)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    got = []
+    lock = threading.Lock()
+
+    def waiter():
+        with open(path) as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            with lock:
+                got.append(1)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+    threads = [threading.Thread(target=waiter) for _ in range(40)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # all queued on the lock, each holding an entry
+    before = ring_requests(m)
+    assert sorted(os.listdir(m.mnt)).count("lockfile") == 1  # still answering
+    assert ring_requests(m) > before
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    holder.close()
+    for t in threads:
+        t.join(timeout=30)
+    assert len(got) == 40
+
+
+def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringmount):
+    m = ringmount()
+    path = m.path("lockfile")
+    with open(m.path("kept"), "wb") as f:
+        f.write(b"k" * 100000)
+    open(path, "w").close()
+    holder = open(path)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    # A process blocked in a request the daemon holds (a flock wait), and one reading in a loop.
+    waiter = subprocess.Popen(["python3", "-c", f"import fcntl; f = open({path!r}); fcntl.flock(f, fcntl.LOCK_EX)"],
+                              stderr=subprocess.PIPE, text=True)
+    reader = subprocess.Popen(["sh", "-c", f"while cat {m.path('kept')} >/dev/null; do :; done; exit 1"],
+                              stderr=subprocess.DEVNULL)
+    time.sleep(0.5)
+    m.kill()
+    assert waiter.wait(timeout=30) != 0  # the kernel ended its request (ECONNABORTED/ENOTCONN)
+    assert reader.wait(timeout=30) != 0
+    holder.close()
+    m.start()
+    assert open(m.path("kept"), "rb").read() == b"k" * 100000
+    assert transport(m).startswith("io_uring (")
