@@ -461,10 +461,10 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
-        kfs_ring_stop(&fs);
 out_unmount:
         kfs_evict_stop(&fs);
-        kfs_flock_stop(&fs);
+        kfs_flock_stop(&fs); /* its waiters' replies may go through the rings */
+        kfs_ring_stop(&fs);
         fuse_session_unmount(fs.se);
 out_signals:
         fuse_remove_signal_handlers(fs.se);

@@ -359,15 +359,20 @@ static void *ring_main(void *arg)
                                 continue;
                         }
                         struct ring_ent *e = (struct ring_ent *)(uintptr_t)c->user_data;
-                        if (c->res < 0) {
-                                /* ENOTCONN/ECONNABORTED: unmounted or aborted; anything else is a bug */
-                                if (c->res != -ENOTCONN && c->res != -ECONNABORTED && c->res != -ECANCELED)
-                                        fprintf(stderr, "kcachefs: io_uring entry of queue %u: %s\n", t->qid,
-                                                strerror(-c->res));
-                                dead = true;
-                                continue;
+                        if (c->res == -ENOTCONN || c->res == -ECONNABORTED) {
+                                dead = true; /* unmounted, or the connection was aborted */
+                        } else if (c->res < 0) {
+                                /* The kernel refused this entry's command: it is out of use, and a new
+                                 * one takes its place so that the queue keeps being served. */
+                                fprintf(stderr, "kcachefs: io_uring entry of queue %u: %s\n", t->qid,
+                                        strerror(-c->res));
+                                atomic_store(&e->unique, 0);
+                                struct ring_ent *n = ent_new(t);
+                                if (n)
+                                        sqe_cmd(t, n, RING_CMD_REGISTER, 0);
+                        } else {
+                                handle(t, e);
                         }
-                        handle(t, e);
                 }
                 __atomic_store_n(t->cq_head, head, __ATOMIC_RELEASE);
                 if (dead)
