@@ -16,53 +16,20 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fuse-kernel.h"
 #include "kfs.h"
-
-/* The kernel's UAPI (linux/fuse.h 7.42). */
-#define DEV_FUSE_INIT 26
-#define DEV_INIT_EXT (1u << 30)
-#define DEV_PASSTHROUGH_FLAGS2 (1u << (37 - 32))
-#define DEV_OVER_IO_URING_FLAGS2 (1u << (41 - 32))
-
-struct dev_in_header {
-        uint32_t len, opcode;
-        uint64_t unique, nodeid;
-        uint32_t uid, gid, pid;
-        uint16_t total_extlen, padding;
-};
-
-struct dev_init_in {
-        uint32_t major, minor, max_readahead, flags, flags2;
-};
-
-struct dev_out_header {
-        uint32_t len;
-        int32_t error;
-        uint64_t unique;
-};
-
-struct dev_init_out {
-        uint32_t major, minor, max_readahead, flags;
-        uint16_t max_background, congestion_threshold;
-        uint32_t max_write, time_gran;
-        uint16_t max_pages, map_alignment;
-        uint32_t flags2, max_stack_depth;
-};
-
-_Static_assert(sizeof(struct dev_in_header) == 40, "fuse_in_header");
-_Static_assert(sizeof(struct dev_init_out) == 40, "fuse_init_out up to max_stack_depth");
 
 static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
 {
         ssize_t n = read(fd, buf, len);
         struct kfs *fs = ud;
-        if (n >= (ssize_t)(sizeof(struct dev_in_header) + sizeof(struct dev_init_in)) && !fs->devio.init_seen) {
-                const struct dev_in_header *h = buf;
-                if (h->opcode == DEV_FUSE_INIT) {
-                        const struct dev_init_in *in = (const void *)(h + 1);
-                        bool ext = in->flags & DEV_INIT_EXT;
-                        fs->devio.offers_pt = ext && (in->flags2 & DEV_PASSTHROUGH_FLAGS2);
-                        fs->devio.offers_ring = ext && (in->flags2 & DEV_OVER_IO_URING_FLAGS2);
+        if (n >= (ssize_t)(sizeof(struct fk_in_header) + sizeof(struct fk_init_in)) && !fs->devio.init_seen) {
+                const struct fk_in_header *h = buf;
+                if (h->opcode == FK_INIT) {
+                        const struct fk_init_in *in = (const void *)(h + 1);
+                        bool ext = in->flags & FK_INIT_EXT;
+                        fs->devio.offers_pt = ext && (in->flags2 & FK_PASSTHROUGH_FLAGS2);
+                        fs->devio.offers_ring = ext && (in->flags2 & FK_OVER_IO_URING_FLAGS2);
                         fs->devio.init_unique = h->unique;
                         fs->devio.init_seen = true; /* INIT is the first request, read before any other thread runs */
                 }
@@ -74,20 +41,20 @@ static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
 static ssize_t init_reply(struct kfs *fs, int fd, struct iovec *iov, int count)
 {
         fs->devio.init_done = true;
-        struct dev_init_out o;
-        const struct dev_out_header *h = iov[0].iov_base;
+        struct fk_init_out o;
+        const struct fk_out_header *h = iov[0].iov_base;
         if (count != 2 || h->error != 0 || iov[1].iov_len < sizeof(o))
                 return writev(fd, iov, count);
         memcpy(&o, iov[1].iov_base, sizeof(o));
         bool ring = kfs_ring_wanted(fs);
         if (atomic_load(&fs->pt.on)) {
-                o.flags |= DEV_INIT_EXT;
-                o.flags2 |= DEV_PASSTHROUGH_FLAGS2;
+                o.flags |= FK_INIT_EXT;
+                o.flags2 |= FK_PASSTHROUGH_FLAGS2;
                 o.max_stack_depth = 1;
         }
         if (ring) {
-                o.flags |= DEV_INIT_EXT;
-                o.flags2 |= DEV_OVER_IO_URING_FLAGS2;
+                o.flags |= FK_INIT_EXT;
+                o.flags2 |= FK_OVER_IO_URING_FLAGS2;
         }
         char body[256];
         size_t n = iov[1].iov_len < sizeof(body) ? iov[1].iov_len : sizeof(body);
@@ -103,7 +70,7 @@ static ssize_t init_reply(struct kfs *fs, int fd, struct iovec *iov, int count)
 static ssize_t dev_writev(int fd, struct iovec *iov, int count, void *ud)
 {
         struct kfs *fs = ud;
-        const struct dev_out_header *h = iov[0].iov_base;
+        const struct fk_out_header *h = iov[0].iov_base;
         if (!fs->devio.init_done && fs->devio.init_seen && h->unique == fs->devio.init_unique)
                 return init_reply(fs, fd, iov, count);
         struct iovec v[4];

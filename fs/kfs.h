@@ -13,6 +13,7 @@
  *   units.c     what one eviction removes, per runtime; protected files
  *   passthrough.c kernel passthrough for read-only opens: backing files, I/O modes
  *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
+ *   fuse-kernel.h the kernel protocol's parts that Debian 12's headers and libfuse predate
  *   ring.c      FUSE over io_uring: per-CPU queues served by pinned threads
  *   ops.c       the fuse_lowlevel_ops table
  *

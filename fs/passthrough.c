@@ -42,35 +42,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "fuse-kernel.h"
 #include "kfs.h"
-
-/* The kernel's UAPI (linux/fuse.h 7.40), which Debian 12's headers predate. */
-#define PT_FOPEN_DIRECT_IO (1u << 0)
-#define PT_FOPEN_KEEP_CACHE (1u << 1)
-#define PT_FOPEN_PASSTHROUGH (1u << 7)
-
-struct pt_out_header {
-        uint32_t len;
-        int32_t error;
-        uint64_t unique;
-};
-
-struct pt_open_out {
-        uint64_t fh;
-        uint32_t open_flags;
-        int32_t backing_id;
-};
-
-struct pt_backing_map {
-        int32_t fd;
-        uint32_t flags;
-        uint64_t padding;
-};
-
-#define PT_IOC_BACKING_OPEN _IOW(229, 1, struct pt_backing_map)
-#define PT_IOC_BACKING_CLOSE _IOW(229, 2, uint32_t)
-
-_Static_assert(sizeof(struct pt_open_out) == 16, "fuse_open_out");
 
 /* Set by a handler right before it replies, consumed by our writev in the same thread. */
 static __thread int32_t reply_backing_id;
@@ -102,14 +75,14 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
         if (!id)
                 return iov;
         reply_backing_id = 0;
-        if (count < 2 || count > 4 || last > size || last < sizeof(struct pt_open_out) ||
-            ((const struct pt_out_header *)iov[0].iov_base)->error != 0)
+        if (count < 2 || count > 4 || last > size || last < sizeof(struct fk_open_out) ||
+            ((const struct fk_out_header *)iov[0].iov_base)->error != 0)
                 return iov;
         memcpy(v, iov, sizeof(*v) * (size_t)count);
         memcpy(body, iov[count - 1].iov_base, last);
         v[count - 1].iov_base = body;
-        struct pt_open_out *o = (void *)(body + last - sizeof(*o));
-        o->open_flags = (o->open_flags & ~PT_FOPEN_KEEP_CACHE) | PT_FOPEN_PASSTHROUGH;
+        struct fk_open_out *o = (void *)(body + last - sizeof(*o));
+        o->open_flags = (o->open_flags & ~FK_FOPEN_KEEP_CACHE) | FK_FOPEN_PASSTHROUGH;
         o->backing_id = id;
         return v;
 }
@@ -138,8 +111,8 @@ void kfs_pt_init(struct kfs *fs)
 
 static int backing_open(struct kfs *fs, int fd)
 {
-        struct pt_backing_map m = { .fd = fd };
-        int id = ioctl(fs->devio.fd, PT_IOC_BACKING_OPEN, &m);
+        struct fk_backing_map m = { .fd = fd };
+        int id = ioctl(fs->devio.fd, FK_IOC_BACKING_OPEN, &m);
         if (id > 0)
                 return id;
         int e = id < 0 ? errno : EINVAL;
@@ -205,7 +178,7 @@ void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in)
 {
         uint32_t id = (uint32_t)atomic_exchange(&in->pt_id, 0);
         if (id > 0)
-                (void)ioctl(fs->devio.fd, PT_IOC_BACKING_CLOSE, &id);
+                (void)ioctl(fs->devio.fd, FK_IOC_BACKING_CLOSE, &id);
 }
 
 const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size)

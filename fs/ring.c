@@ -11,13 +11,13 @@
  * HOW, WITH LIBFUSE 3.14 (which predates io_uring support, 3.18). The kernel's protocol:
  *   - INIT's reply carries FUSE_OVER_IO_URING when the kernel offered it (devio.c);
  *   - after that, each ring entry (a 288-byte header buffer and a payload buffer as large as the largest
- *     request) is registered with an IORING_OP_URING_CMD (FUSE_IO_URING_CMD_REGISTER, 128-byte SQEs) on
+ *     request) is registered with an IORING_OP_URING_CMD (FUSE_IO_UFK_URING_CMD_REGISTER, 128-byte SQEs) on
  *     /dev/fuse, naming its queue. Once every queue (one per possible CPU) has an entry, the kernel sends
  *     requests through the rings; FORGET and INTERRUPT still come through /dev/fuse, where libfuse's
  *     workers go on reading;
  *   - the command completes when a request is in the entry: the fuse_in_header, the operation's own
  *     header (its first argument) in a separate 128-byte slot, and the rest in the payload. The daemon
- *     answers with FUSE_IO_URING_CMD_COMMIT_AND_FETCH: the fuse_out_header in the header buffer, the
+ *     answers with FUSE_IO_UFK_URING_CMD_COMMIT_AND_FETCH: the fuse_out_header in the header buffer, the
  *     reply's arguments in the payload, which also re-arms the entry.
  * libfuse's request handling is reused whole: a request is rebuilt in the /dev/fuse layout just before
  * its payload (the payload buffer starts 256 bytes into the entry's allocation, so only the two small
@@ -51,45 +51,9 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include "fuse-kernel.h"
 #include "kfs.h"
 
-/* The kernel's UAPI (linux/fuse.h 7.42), which Debian 12's headers predate. */
-struct ring_ent_in_out {
-        uint64_t flags, commit_id;
-        uint32_t payload_sz, padding;
-        uint64_t reserved;
-};
-
-struct ring_req_header {
-        char in_out[128];         /* fuse_in_header; fuse_out_header in the reply */
-        char op_in[128];          /* the operation's header */
-        struct ring_ent_in_out ent;
-};
-
-struct ring_cmd_req {
-        uint64_t flags, commit_id;
-        uint16_t qid;
-        uint8_t padding[6];
-};
-
-struct ring_in_header {
-        uint32_t len, opcode;
-        uint64_t unique, nodeid;
-        uint32_t uid, gid, pid;
-        uint16_t total_extlen, padding;
-};
-
-struct ring_out_header {
-        uint32_t len;
-        int32_t error;
-        uint64_t unique;
-};
-
-_Static_assert(sizeof(struct ring_req_header) == 288, "fuse_uring_req_header");
-_Static_assert(sizeof(struct ring_cmd_req) == 24, "fuse_uring_cmd_req");
-
-#define RING_CMD_REGISTER 1
-#define RING_CMD_COMMIT_AND_FETCH 2
 #define RING_THREADS 2            /* per queue */
 #define RING_ROOM 256             /* before the payload: where a request's headers are rebuilt */
 #define RING_TAG_EVENT 1          /* user_data of the eventfd read; entries use their address */
@@ -98,7 +62,7 @@ struct ring_ent {
         struct ring_thread *t;
         _Atomic uint64_t unique;  /* the request it holds; 0: none */
         bool replied;             /* owner: the reply is in the buffers */
-        struct ring_req_header hdr;
+        struct fk_uring_req_header hdr;
         char *area;               /* RING_ROOM + payload */
         struct iovec iov[2];
         struct ring_ent *next;    /* handoff list; t->lock */
@@ -229,7 +193,7 @@ static void sqe_cmd(struct ring_thread *t, struct ring_ent *e, unsigned op, uint
         s->addr = (uint64_t)(uintptr_t)e->iov;
         s->len = 2;
         s->user_data = (uint64_t)(uintptr_t)e;
-        struct ring_cmd_req *c = (struct ring_cmd_req *)s->cmd;
+        struct fk_uring_cmd_req *c = (struct fk_uring_cmd_req *)s->cmd;
         c->commit_id = commit_id;
         c->qid = (uint16_t)t->qid;
 }
@@ -269,19 +233,19 @@ static struct ring_ent *ent_new(struct ring_thread *t)
 
 static void commit(struct ring_thread *t, struct ring_ent *e)
 {
-        sqe_cmd(t, e, RING_CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
+        sqe_cmd(t, e, FK_URING_CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
 }
 
 /* A request is in e: rebuild it in /dev/fuse's layout right before the payload and let libfuse run it. */
 static void handle(struct ring_thread *t, struct ring_ent *e)
 {
-        struct ring_in_header in;
+        struct fk_in_header in;
         memcpy(&in, e->hdr.in_out, sizeof(in));
         uint32_t psz = e->hdr.ent.payload_sz;
         size_t op = in.len >= sizeof(in) + psz ? in.len - sizeof(in) - psz : SIZE_MAX;
         if (op > sizeof(e->hdr.op_in) || psz > t->fs->ring->payload) {
                 /* Not a request the protocol can produce: answer EIO rather than guess. */
-                struct ring_out_header o = { .len = sizeof(o), .error = -EIO, .unique = in.unique };
+                struct fk_out_header o = { .len = sizeof(o), .error = -EIO, .unique = in.unique };
                 memcpy(e->hdr.in_out, &o, sizeof(o));
                 e->hdr.ent.payload_sz = 0;
                 commit(t, e);
@@ -308,7 +272,7 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
          * most replies ever outstanding at once. */
         struct ring_ent *n = ent_new(t);
         if (n)
-                sqe_cmd(t, n, RING_CMD_REGISTER, 0);
+                sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
 }
 
 static void take_handoff(struct ring_thread *t)
@@ -343,7 +307,7 @@ static void *ring_main(void *arg)
                 return NULL;
         }
         sqe_event(t);
-        sqe_cmd(t, first, RING_CMD_REGISTER, 0);
+        sqe_cmd(t, first, FK_URING_CMD_REGISTER, 0);
         while (!atomic_load(&r->stop)) {
                 if ((err = ring_enter(t, true)) < 0) {
                         fprintf(stderr, "kcachefs: io_uring_enter: %s\n", strerror(-err));
@@ -369,7 +333,7 @@ static void *ring_main(void *arg)
                                 atomic_store(&e->unique, 0);
                                 struct ring_ent *n = ent_new(t);
                                 if (n)
-                                        sqe_cmd(t, n, RING_CMD_REGISTER, 0);
+                                        sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
                         } else {
                                 handle(t, e);
                         }
@@ -462,7 +426,7 @@ fail:
 
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count)
 {
-        const struct ring_out_header *o = iov[0].iov_base;
+        const struct fk_out_header *o = iov[0].iov_base;
         struct ring_ent *e = cur_ent;
         if (!o->unique || !atomic_load(&fs->ring_on))
                 return writev(fd, iov, count);
