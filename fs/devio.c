@@ -93,9 +93,7 @@ void kfs_dev_setup(struct kfs *fs)
                 return;
         static const struct fuse_custom_io io = { .read = dev_read, .writev = dev_writev, .splice_send = dev_splice_send };
         int r = fuse_session_custom_io(fs->se, &io, fs->devio.fd);
-        if (r < 0) {
-                fprintf(stderr, "kcachefs: libfuse refused the custom device I/O (%s): no passthrough, no io_uring\n",
-                        strerror(-r));
+        if (r < 0) { /* then neither passthrough nor io_uring: passthrough says so, and the transport is /dev/fuse */
                 kfs_pt_off(fs, "libfuse refused the custom device I/O", -r);
                 return;
         }

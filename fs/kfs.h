@@ -139,6 +139,7 @@ struct kfs {
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
+        _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
         bool singlethread;        /* -s */
         struct {                  /* flock() waits, each on its own thread (ops-io.c) */
                 pthread_mutex_t lock;
@@ -256,7 +257,10 @@ void kfs_dev_setup(struct kfs *fs);
 /* ring.c */
 /* Before mounting: a root daemon turns on the kernel's switch for FUSE over io_uring (see ring.c). */
 void kfs_ring_prepare(struct kfs *fs);
-/* Whether INIT's reply asks for io_uring: offered, not -o nouring, not -s. */
+/* From the init handler: if the kernel offered io_uring (and not -o nouring, -s), checks that io_uring
+ * works here and prepares the rings' state; else records why not. */
+void kfs_ring_init(struct kfs *fs);
+/* Whether INIT's reply asks for io_uring (kfs_ring_init succeeded). */
 bool kfs_ring_wanted(struct kfs *fs);
 /* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);

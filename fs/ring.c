@@ -49,6 +49,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fuse-kernel.h"
@@ -62,6 +63,7 @@ struct ring_ent {
         struct ring_thread *t;
         _Atomic uint64_t unique;  /* the request it holds; 0: none */
         bool replied;             /* owner: the reply is in the buffers */
+        bool fetched;             /* owner: the kernel has put a request in it (its REGISTER worked) */
         struct fk_uring_req_header hdr;
         char *area;               /* RING_ROOM + payload */
         struct iovec iov[2];
@@ -84,6 +86,7 @@ struct ring_thread {
         pthread_t th;
         bool started;
         unsigned sq_entries;
+        bool ok;                  /* set up, its entry's registration submitted */
         pthread_mutex_t lock;
         struct ring_ent *handoff; /* replies from other threads; lock */
 };
@@ -92,6 +95,12 @@ struct kfs_ring {
         unsigned nq, nt;
         size_t payload;
         _Atomic bool stop;
+        pthread_mutex_t lock;
+        pthread_cond_t cond;
+        unsigned reported;        /* threads that set up (or failed to); lock */
+        _Atomic int err;          /* the first failure to set up or register, as errno; 0: none */
+        _Atomic bool down;        /* the kernel does not use the rings (a queue without an entry) */
+        struct ring_thread probe; /* made before INIT's reply, by the thread that sends it */
         struct ring_thread *t;    /* nt */
         struct ring_ent *_Atomic ents; /* list through ->all */
 };
@@ -285,6 +294,23 @@ static void take_handoff(struct ring_thread *t)
                 commit(t, e);
 }
 
+/* A thread could not start, set up its ring or register its entry (said once): its queue may go
+ * unserved, and then the kernel is told to give the rings up (give_up), or gave them up itself. */
+static void failed(struct kfs_ring *r, const char *what, int err)
+{
+        int none = 0;
+        if (atomic_compare_exchange_strong(&r->err, &none, err))
+                fprintf(stderr, "kcachefs: io_uring %s: %s\n", what, strerror(err));
+}
+
+static void reported(struct kfs_ring *r)
+{
+        pthread_mutex_lock(&r->lock);
+        r->reported++;
+        pthread_cond_broadcast(&r->cond);
+        pthread_mutex_unlock(&r->lock);
+}
+
 static void *ring_main(void *arg)
 {
         struct ring_thread *t = arg;
@@ -297,18 +323,19 @@ static void *ring_main(void *arg)
         CPU_SET(t->qid, &cpus);
         (void)sched_setaffinity(0, sizeof(cpus), &cpus); /* fails for an offline CPU: then anywhere */
         int err = ring_setup(t);
-        if (err < 0) {
-                fprintf(stderr, "kcachefs: io_uring setup failed: %s\n", strerror(-err));
-                return NULL;
-        }
-        struct ring_ent *first = ent_new(t);
+        struct ring_ent *first = err < 0 ? NULL : ent_new(t);
         if (!first) {
-                fprintf(stderr, "kcachefs: io_uring entry: %s\n", strerror(ENOMEM));
+                failed(r, "setup", err < 0 ? -err : ENOMEM);
+                reported(r);
                 return NULL;
         }
         sqe_event(t);
         sqe_cmd(t, first, FK_URING_CMD_REGISTER, 0);
-        while (!atomic_load(&r->stop)) {
+        if ((err = ring_enter(t, false)) < 0)
+                failed(r, "submission", -err);
+        t->ok = err == 0;
+        reported(r);
+        while (!atomic_load(&r->stop) && err == 0) {
                 if ((err = ring_enter(t, true)) < 0) {
                         fprintf(stderr, "kcachefs: io_uring_enter: %s\n", strerror(-err));
                         break;
@@ -325,9 +352,16 @@ static void *ring_main(void *arg)
                         struct ring_ent *e = (struct ring_ent *)(uintptr_t)c->user_data;
                         if (c->res == -ENOTCONN || c->res == -ECONNABORTED) {
                                 dead = true; /* unmounted, or the connection was aborted */
+                        } else if (c->res < 0 && e == first && !e->fetched) {
+                                /* The kernel turned io_uring off for this connection itself. */
+                                failed(r, "registration", -c->res); /* no retry: it would fail the same */
+                                atomic_store(&r->down, true);
+                        } else if (c->res < 0 && !e->fetched) {
+                                fprintf(stderr, "kcachefs: io_uring: an extra entry of queue %u: %s\n", t->qid,
+                                        strerror(-c->res)); /* the thread's first entry still serves */
                         } else if (c->res < 0) {
-                                /* The kernel refused this entry's command: it is out of use, and a new
-                                 * one takes its place so that the queue keeps being served. */
+                                /* The kernel refused a commit: the entry is out of use, and a new one
+                                 * takes its place so that the queue keeps being served. */
                                 fprintf(stderr, "kcachefs: io_uring entry of queue %u: %s\n", t->qid,
                                         strerror(-c->res));
                                 atomic_store(&e->unique, 0);
@@ -335,6 +369,7 @@ static void *ring_main(void *arg)
                                 if (n)
                                         sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
                         } else {
+                                e->fetched = true;
                                 handle(t, e);
                         }
                 }
@@ -371,12 +406,13 @@ void kfs_ring_prepare(struct kfs *fs)
 
 bool kfs_ring_wanted(struct kfs *fs)
 {
-        return fs->devio.offers_ring && !fs->o.nouring && !fs->singlethread;
+        return fs->ring != NULL;
 }
 
-void kfs_ring_start(struct kfs *fs, uint32_t max_write)
+void kfs_ring_init(struct kfs *fs)
 {
-        struct kfs_ring *r = calloc(1, sizeof(*r));
+        if (!fs->devio.offers_ring || fs->o.nouring || fs->singlethread)
+                return;
         long n = sysconf(_SC_NPROCESSORS_CONF);
         /* The kernel's queues: one per possible CPU (num_possible_cpus(), CPUs numbered from 0). */
         FILE *f = fopen("/sys/devices/system/cpu/possible", "r");
@@ -388,15 +424,56 @@ void kfs_ring_start(struct kfs *fs, uint32_t max_write)
                         n = 1;
                 fclose(f);
         }
-        if (!r || n < 1 || n > 4096)
-                goto fail;
+        struct kfs_ring *r = n >= 1 && n <= 4096 ? calloc(1, sizeof(*r)) : NULL;
+        if (!r) {
+                atomic_store(&fs->ring_err, ENOMEM);
+                return;
+        }
+        /* Once INIT's reply asks for io_uring, the kernel holds every request until each queue has an
+         * entry, or until a registration fails. So io_uring must be known to work before we ask: a
+         * sysctl (kernel.io_uring_disabled) or a seccomp filter may refuse it. The probe ring stays, for
+         * telling the kernel to give up if a queue ends up without a thread (kfs_ring_start). */
+        r->probe.fd = -1;
+        int err = ring_setup(&r->probe);
+        if (err < 0) {
+                ring_unmap(&r->probe);
+                free(r);
+                atomic_store(&fs->ring_err, -err);
+                fprintf(stderr, "kcachefs: io_uring unavailable (%s); requests go through /dev/fuse\n", strerror(-err));
+                return;
+        }
         r->nq = (unsigned)n;
         r->nt = r->nq * RING_THREADS;
+        pthread_mutex_init(&r->lock, NULL);
+        pthread_cond_init(&r->cond, NULL);
+        fs->ring = r;
+}
+
+/* Makes the kernel stop waiting for the rings: any failed registration does (the connection then goes
+ * on through /dev/fuse), and one naming a queue that does not exist fails before anything is kept. */
+static void give_up(struct kfs_ring *r)
+{
+        fprintf(stderr, "kcachefs: a CPU's io_uring queue has no thread; requests go through /dev/fuse\n");
+        atomic_store(&r->down, true);
+        struct iovec none[2] = { { NULL, 0 }, { NULL, 0 } };
+        struct io_uring_sqe *sq = sqe_get(&r->probe);
+        sq->opcode = IORING_OP_URING_CMD;
+        sq->fd = r->probe.fs->devio.fd;
+        sq->cmd_op = FK_URING_CMD_REGISTER;
+        sq->addr = (uint64_t)(uintptr_t)none;
+        sq->len = 2;
+        ((struct fk_uring_cmd_req *)sq->cmd)->qid = UINT16_MAX;
+        (void)ring_enter(&r->probe, false);
+}
+
+void kfs_ring_start(struct kfs *fs, uint32_t max_write)
+{
+        struct kfs_ring *r = fs->ring;
+        r->probe.fs = fs;
         r->payload = max_write > 1024 * 1024 ? max_write : 1024 * 1024;
         r->t = calloc(r->nt, sizeof(*r->t));
         if (!r->t)
                 goto fail;
-        fs->ring = r;
         for (unsigned i = 0; i < r->nt; i++) {
                 struct ring_thread *t = &r->t[i];
                 t->fs = fs;
@@ -409,19 +486,38 @@ void kfs_ring_start(struct kfs *fs, uint32_t max_write)
         }
         /* On before the first thread runs: from then on a reply may be for a ring request. */
         atomic_store(&fs->ring_on, true);
+        unsigned started = 0;
         for (unsigned i = 0; i < r->nt; i++) {
-                if (pthread_create(&r->t[i].th, NULL, ring_main, &r->t[i]) != 0)
-                        goto fail;
+                int e = pthread_create(&r->t[i].th, NULL, ring_main, &r->t[i]);
+                if (e != 0) { /* a tasks limit (systemd's TasksMax): the queues without a thread give up */
+                        failed(r, "threads", e);
+                        break;
+                }
                 r->t[i].started = true;
+                started++;
+        }
+        /* Until every thread has submitted its registration (a few ms), so that what the mount reports
+         * (transport) is what it does from its first request on. */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 5;
+        pthread_mutex_lock(&r->lock);
+        while (r->reported < started && pthread_cond_timedwait(&r->cond, &r->lock, &until) == 0)
+                ;
+        pthread_mutex_unlock(&r->lock);
+        for (unsigned q = 0; q < r->nq; q++) {
+                bool served = false;
+                for (unsigned k = 0; k < RING_THREADS; k++)
+                        served = served || r->t[q * RING_THREADS + k].ok;
+                if (!served) {
+                        give_up(r);
+                        break;
+                }
         }
         return;
 fail:
-        fprintf(stderr, "kcachefs: io_uring transport not started (%s); requests go through /dev/fuse\n",
-                strerror(errno ? errno : ENOMEM));
-        if (r && fs->ring == r)
-                kfs_ring_stop(fs);
-        else
-                free(r);
+        failed(r, "start", ENOMEM);
+        give_up(r);
 }
 
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count)
@@ -472,8 +568,9 @@ void kfs_ring_stop(struct kfs *fs)
         if (!r)
                 return;
         atomic_store(&fs->ring_on, false);
+        ring_unmap(&r->probe);
         atomic_store(&r->stop, true);
-        for (unsigned i = 0; i < r->nt; i++) {
+        for (unsigned i = 0; r->t && i < r->nt; i++) {
                 struct ring_thread *t = &r->t[i];
                 if (t->started) {
                         uint64_t one = 1;
@@ -481,7 +578,7 @@ void kfs_ring_stop(struct kfs *fs)
                         pthread_join(t->th, NULL);
                 }
         }
-        for (unsigned i = 0; i < r->nt; i++) {
+        for (unsigned i = 0; r->t && i < r->nt; i++) {
                 struct ring_thread *t = &r->t[i];
                 ring_unmap(t);
                 if (t->efd > 0)
@@ -493,6 +590,8 @@ void kfs_ring_stop(struct kfs *fs)
                 munmap(e->area, RING_ROOM + r->payload);
                 free(e);
         }
+        pthread_mutex_destroy(&r->lock);
+        pthread_cond_destroy(&r->cond);
         free(r->t);
         free(r);
         fs->ring = NULL;
@@ -501,7 +600,15 @@ void kfs_ring_stop(struct kfs *fs)
 const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)
 {
         if (atomic_load(&fs->ring_on)) {
-                snprintf(buf, size, "io_uring (%u queues)", fs->ring->nq);
+                if (atomic_load(&fs->ring->down))
+                        snprintf(buf, size, "/dev/fuse (io_uring did not start on every queue: %s)",
+                                 strerror(atomic_load(&fs->ring->err) ? atomic_load(&fs->ring->err) : EIO));
+                else
+                        snprintf(buf, size, "io_uring (%u queues)", fs->ring->nq);
+                return buf;
+        }
+        if (atomic_load(&fs->ring_err)) {
+                snprintf(buf, size, "/dev/fuse (io_uring unavailable: %s)", strerror(atomic_load(&fs->ring_err)));
                 return buf;
         }
         if (fs->o.nouring)

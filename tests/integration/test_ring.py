@@ -10,9 +10,10 @@ import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import kcachefs_bin, wait_for
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
+RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
 RING = {"nouring": False}  # io_uring on where the kernel offers it, whatever KCACHEFS_MOUNT_OPTS says
 
 
@@ -172,3 +173,68 @@ def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringm
     m.start()
     assert open(m.path("kept"), "rb").read() == b"k" * 100000
     assert transport(m).startswith("io_uring (")
+
+
+def test_a_kernel_that_refuses_io_uring_leaves_dev_fuse_serving(kfs):
+    """The kernel offers FUSE over io_uring but io_uring itself is refused (kernel.io_uring_disabled=2, as
+    hardened systems set it). Once INIT asks for io_uring the kernel holds every request until the rings
+    are registered, so the daemon must find this out before asking: it says why, and /dev/fuse serves."""
+    knob = "/proc/sys/kernel/io_uring_disabled"
+    if not os.path.exists(knob):
+        pytest.skip("no kernel.io_uring_disabled here (Linux 6.6+)")
+    with open(knob) as f:
+        was = f.read().strip()
+    try:
+        with open(knob, "w") as f:
+            f.write("2\n")
+        m = kfs(RING)
+        t = transport(m)  # the first request: INIT has been answered, the choice made
+    finally:
+        with open(knob, "w") as f:
+            f.write(was + "\n")
+    if "does not offer" in t:
+        pytest.skip(f"this kernel has no FUSE over io_uring ({t})")
+    assert t == "/dev/fuse (io_uring unavailable: Operation not permitted)", t
+    workload(m.mnt)
+    assert ring_requests(m) == 0
+
+
+def test_a_tasks_limit_that_leaves_a_queue_without_a_thread_falls_back(workdir):
+    """Under a tasks limit (systemd's TasksMax, a pids cgroup) some ring threads cannot start. A queue
+    left without one would keep the kernel waiting for the rings forever; the daemon must tell it to give
+    them up, and then /dev/fuse serves. Tried with limits from too few threads to enough."""
+    pids = "/sys/fs/cgroup/pids"
+    if not os.path.isdir(pids) or not os.path.exists(SWITCH):
+        pytest.skip("needs a cgroup v1 pids controller and FUSE over io_uring")
+    d, _ = workdir
+    cg = os.path.join(pids, f"kcachefs-test-{os.getpid()}")
+    os.mkdir(cg)
+    seen = set()
+    try:
+        for limit in range(3, 3 + 3 * RING_THREADS_PER_CPU * len(os.sched_getaffinity(0))):
+            b, m = os.path.join(d, f"b{limit}"), os.path.join(d, f"m{limit}")
+            os.makedirs(b)
+            os.makedirs(m)
+            with open(os.path.join(cg, "pids.max"), "w") as f:
+                f.write(f"{limit}\n")
+            p = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec {kcachefs_bin()} -f "
+                                  f"-o max_size=10M {b} {m}"], stderr=subprocess.PIPE, text=True)
+            try:
+                wait_for(lambda: os.path.ismount(m), what="mount")
+                t = os.getxattr(m, "user.kcachefs.transport").decode()
+                with open(os.path.join(m, "f"), "w") as f:
+                    f.write("served")
+                assert open(os.path.join(m, "f")).read() == "served"
+                if t.startswith("io_uring ("):
+                    seen.add("io_uring")
+                else:
+                    assert t.startswith("/dev/fuse (io_uring did not start on every queue: "), t
+                    seen.add("/dev/fuse")
+            finally:
+                subprocess.run(["fusermount3", "-u", m], capture_output=True)
+                p.wait(timeout=30)
+            if seen == {"io_uring", "/dev/fuse"}:
+                break
+        assert "/dev/fuse" in seen  # the smallest limits leave a queue without a thread
+    finally:
+        os.rmdir(cg)
