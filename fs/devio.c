@@ -79,19 +79,14 @@ static ssize_t dev_writev(int fd, struct iovec *iov, int count, void *ud)
         return kfs_ring_writev(fs, fd, use, count);
 }
 
-static ssize_t dev_splice_send(int fdin, off_t *offin, int fdout, off_t *offout, size_t len, unsigned int flags,
-                               void *ud)
-{
-        (void)ud; /* used only when splicing was negotiated, which the rings exclude (kfs_op_init) */
-        return splice(fdin, offin, fdout, offout, len, flags);
-}
-
 void kfs_dev_setup(struct kfs *fs)
 {
         fs->devio.fd = fuse_session_fd(fs->se);
         if (fs->o.nouring && !fs->pt.wanted)
                 return;
-        static const struct fuse_custom_io io = { .read = dev_read, .writev = dev_writev, .splice_send = dev_splice_send };
+        /* No splice hooks: libfuse then splices to the fd itself, and splicing is negotiated only
+         * without the rings (kfs_op_init), whose replies must go through dev_writev. */
+        static const struct fuse_custom_io io = { .read = dev_read, .writev = dev_writev };
         int r = fuse_session_custom_io(fs->se, &io, fs->devio.fd);
         if (r < 0) { /* then neither passthrough nor io_uring: passthrough says so, and the transport is /dev/fuse */
                 kfs_pt_off(fs, "libfuse refused the custom device I/O", -r);

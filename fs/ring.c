@@ -455,14 +455,9 @@ static void give_up(struct kfs_ring *r)
 {
         fprintf(stderr, "kcachefs: a CPU's io_uring queue has no thread; requests go through /dev/fuse\n");
         atomic_store(&r->down, true);
-        struct iovec none[2] = { { NULL, 0 }, { NULL, 0 } };
-        struct io_uring_sqe *sq = sqe_get(&r->probe);
-        sq->opcode = IORING_OP_URING_CMD;
-        sq->fd = r->probe.fs->devio.fd;
-        sq->cmd_op = FK_URING_CMD_REGISTER;
-        sq->addr = (uint64_t)(uintptr_t)none;
-        sq->len = 2;
-        ((struct fk_uring_cmd_req *)sq->cmd)->qid = UINT16_MAX;
+        struct ring_ent none = { .t = &r->probe }; /* never read: the queue check fails first */
+        r->probe.qid = UINT16_MAX;
+        sqe_cmd(&r->probe, &none, FK_URING_CMD_REGISTER, 0);
         (void)ring_enter(&r->probe, false);
 }
 

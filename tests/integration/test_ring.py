@@ -2,6 +2,7 @@
 request but FORGET and INTERRUPT served through the per-CPU rings, replies sent later from other threads
 (flock waits) delivered, the largest requests and replies intact, -o nouring honoured, and a daemon killed
 with requests in its rings leaves nothing hanging."""
+import contextlib
 import fcntl
 import os
 import subprocess
@@ -15,6 +16,20 @@ from conftest import kcachefs_bin, wait_for
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
 RING = {"nouring": False}  # io_uring on where the kernel offers it, whatever KCACHEFS_MOUNT_OPTS says
+
+
+@contextlib.contextmanager
+def kernel_knob(path, value):
+    """path (a /sys or /proc setting) reads value inside the block, and what it read before after it."""
+    with open(path) as f:
+        was = f.read().strip()
+    try:
+        with open(path, "w") as f:
+            f.write(f"{value}\n")
+        yield
+    finally:
+        with open(path, "w") as f:
+            f.write(was + "\n")
 
 
 def transport(m):
@@ -101,11 +116,7 @@ def test_the_switch_is_turned_on_by_a_root_daemon_and_left_alone_with_nouring(kf
         pytest.skip("this kernel has no FUSE over io_uring (Linux 6.14+)")
     if tuple(int(x) for x in os.uname().release.split(".")[:2]) < (6, 18):
         pytest.skip("the daemon turns the switch on only on kernels it was tried on (6.18+)")
-    with open(SWITCH) as f:
-        was = f.read().strip()
-    try:
-        with open(SWITCH, "w") as f:
-            f.write("N\n")
+    with kernel_knob(SWITCH, "N"):
         m = kfs({"nouring": True})
         assert open(SWITCH).read().strip() == "N"
         assert transport(m) == "/dev/fuse (-o nouring)"
@@ -115,9 +126,6 @@ def test_the_switch_is_turned_on_by_a_root_daemon_and_left_alone_with_nouring(kf
         assert open(SWITCH).read().strip() == "Y"
         assert "turned on FUSE over io_uring" in m.stderr
         assert transport(m).startswith("io_uring (")
-    finally:
-        with open(SWITCH, "w") as f:
-            f.write(was + "\n")
 
 
 def test_replies_sent_later_from_other_threads_arrive(ringmount):
@@ -182,16 +190,9 @@ def test_a_kernel_that_refuses_io_uring_leaves_dev_fuse_serving(kfs):
     knob = "/proc/sys/kernel/io_uring_disabled"
     if not os.path.exists(knob):
         pytest.skip("no kernel.io_uring_disabled here (Linux 6.6+)")
-    with open(knob) as f:
-        was = f.read().strip()
-    try:
-        with open(knob, "w") as f:
-            f.write("2\n")
+    with kernel_knob(knob, 2):
         m = kfs(RING)
         t = transport(m)  # the first request: INIT has been answered, the choice made
-    finally:
-        with open(knob, "w") as f:
-            f.write(was + "\n")
     if "does not offer" in t:
         pytest.skip(f"this kernel has no FUSE over io_uring ({t})")
     assert t == "/dev/fuse (io_uring unavailable: Operation not permitted)", t
