@@ -34,6 +34,10 @@
  * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
  * of a ring's submissions come from its owner.
  *
+ * OPT-IN. -o uring: with the rings on, test_fs_posix.py's flock test fails about 1 run in 10 (a lock
+ * still held after its holder exited, then a daemon that does not exit after the unmount, so a request
+ * stuck somewhere), which /dev/fuse never does; until that is found, /dev/fuse is the default.
+ *
  * THE KERNEL'S SWITCH. The kernel offers io_uring in INIT only while the fuse module's enable_uring
  * parameter is on, and it is off by default. It only allows daemons that ask for io_uring to use it,
  * so a root daemon turns it on before mounting (and says so), on the kernels it was tested on (6.18+);
@@ -384,7 +388,7 @@ static void *ring_main(void *arg)
 
 void kfs_ring_prepare(struct kfs *fs)
 {
-        if (fs->o.nouring || fs->singlethread || geteuid() != 0)
+        if (!fs->o.uring || fs->o.nouring || fs->singlethread || geteuid() != 0)
                 return;
         FILE *f = fopen(RING_SWITCH, "r");
         int c = f ? fgetc(f) : EOF;
@@ -411,7 +415,7 @@ bool kfs_ring_wanted(struct kfs *fs)
 
 void kfs_ring_init(struct kfs *fs)
 {
-        if (!fs->devio.offers_ring || fs->o.nouring || fs->singlethread)
+        if (!fs->devio.offers_ring || !fs->o.uring || fs->o.nouring || fs->singlethread)
                 return;
         long n = sysconf(_SC_NPROCESSORS_CONF);
         /* The kernel's queues: one per possible CPU (num_possible_cpus(), CPUs numbered from 0). */
@@ -608,6 +612,8 @@ const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)
         }
         if (fs->o.nouring)
                 return "/dev/fuse (-o nouring)";
+        if (!fs->o.uring)
+                return "/dev/fuse (io_uring is opt-in: -o uring)";
         if (fs->singlethread)
                 return "/dev/fuse (single-threaded)";
         if (!fs->devio.hooked)

@@ -15,7 +15,7 @@ from conftest import kcachefs_bin, wait_for
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
-RING = {"nouring": False}  # io_uring on where the kernel offers it, whatever KCACHEFS_MOUNT_OPTS says
+RING = {"uring": True, "nouring": False}  # io_uring on where the kernel offers it, whatever KCACHEFS_MOUNT_OPTS says
 
 
 @contextlib.contextmanager
@@ -121,7 +121,7 @@ def test_the_switch_is_turned_on_by_a_root_daemon_and_left_alone_with_nouring(kf
         assert open(SWITCH).read().strip() == "N"
         assert transport(m) == "/dev/fuse (-o nouring)"
         m.stop()
-        m.opts["nouring"] = False
+        m.opts.update(RING)
         m.start()
         assert open(SWITCH).read().strip() == "Y"
         assert "turned on FUSE over io_uring" in m.stderr
@@ -219,7 +219,7 @@ def test_a_tasks_limit_that_leaves_a_queue_without_a_thread_falls_back(workdir):
             with open(os.path.join(cg, "pids.max"), "w") as f:
                 f.write(f"{limit}\n")
             p = subprocess.Popen(["sh", "-c", f"echo $$ > {cg}/cgroup.procs && exec {kcachefs_bin()} -f "
-                                  f"-o max_size=10M {b} {m}"], stderr=subprocess.PIPE, text=True)
+                                  f"-o max_size=10M,uring {b} {m}"], stderr=subprocess.PIPE, text=True)
             try:
                 wait_for(lambda: os.path.ismount(m), what="mount")
                 t = os.getxattr(m, "user.kcachefs.transport").decode()
