@@ -142,10 +142,12 @@ struct kfs {
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
         bool singlethread;        /* -s */
-        struct {                  /* flock() waits, each on its own thread (ops-io.c) */
+        struct {                  /* flock() (flock.c) */
                 pthread_mutex_t lock;
-                pthread_cond_t cond;      /* a waiter ended */
-                struct kfs_flock_wait *list; /* lock */
+                pthread_cond_t cond;      /* a waiter ended, or a lock's holder was closed */
+                struct kfs_flock_wait *list; /* waits, each on its own thread; lock */
+                struct kfs_flock_holder *holders; /* the locks our backing fds hold; lock */
+                _Atomic unsigned nholders;
                 _Atomic bool stop;
         } flock;
         kidx *idx;
@@ -247,9 +249,11 @@ void kfs_evict_start_shrink(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 
-/* ops-io.c */
+/* flock.c */
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
+/* Closes a handle's backing fd at RELEASE, and forgets the lock it held. */
+void kfs_flock_close(struct kfs *fs, int fd);
 
 /* devio.c */
 /* After the session is mounted (and kfs_pt_setup): installs our device I/O unless nothing needs it. */

@@ -11,8 +11,6 @@
  * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone. */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
-#include <sys/file.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -363,95 +361,6 @@ void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
         fuse_reply_err(req, fd < 0 ? -fd : (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
 }
 
-/* A flock() that must wait does so on a thread of its own (kfs_op_flock). Waiters are listed in
- * fs->flock so that kfs_flock_stop() can interrupt them before the session goes. */
-struct kfs_flock_wait {
-        struct kfs *fs;
-        fuse_req_t req;
-        int fd, op;
-        pthread_t thread;
-        struct kfs_flock_wait *next;
-};
-
-static void *flock_waiter(void *arg)
-{
-        struct kfs_flock_wait *w = arg;
-        struct kfs *fs = w->fs;
-        int r;
-        while ((r = flock(w->fd, w->op)) < 0 && errno == EINTR && !atomic_load(&fs->flock.stop))
-                ;
-        fuse_reply_err(w->req, r < 0 ? errno : 0);
-        pthread_mutex_lock(&fs->flock.lock);
-        for (struct kfs_flock_wait **p = &fs->flock.list; *p; p = &(*p)->next)
-                if (*p == w) {
-                        *p = w->next;
-                        break;
-                }
-        pthread_cond_broadcast(&fs->flock.cond);
-        pthread_mutex_unlock(&fs->flock.lock);
-        free(w);
-        return NULL;
-}
-
-void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
-{
-        /* Each open has its own backing fd, hence its own open file description: flock() between two
-         * opens conflicts exactly as on a local filesystem. The kernel sends RELEASE only after this
-         * request is answered, so the fd cannot be closed under a waiter.
-         *
-         * The workers are as many as the CPUs (main.c), so a lock that must be waited for is waited
-         * for on a thread of its own: NEO's processes queue on config.file, and waiters holding the
-         * workers would starve everyone else, the request that unlocks included. */
-        struct kfs *fs = kfs_of(req);
-        int fd = kfs_handle_fd(fs, ino, fi);
-        if (fd < 0) {
-                fuse_reply_err(req, -fd);
-                return;
-        }
-        if (op & (LOCK_NB | LOCK_UN)) {
-                fuse_reply_err(req, flock(fd, op) < 0 ? errno : 0);
-                return;
-        }
-        int e = flock(fd, op | LOCK_NB) < 0 ? errno : 0;
-        if (e != EWOULDBLOCK) {
-                fuse_reply_err(req, e);
-                return;
-        }
-        kfs_wake_signal_init();
-        struct kfs_flock_wait *w = malloc(sizeof(*w));
-        pthread_attr_t a;
-        pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        pthread_attr_setstacksize(&a, 256 * 1024);
-        pthread_mutex_lock(&fs->flock.lock);
-        bool started = false;
-        if (w && !atomic_load(&fs->flock.stop)) {
-                *w = (struct kfs_flock_wait){ .fs = fs, .req = req, .fd = fd, .op = op, .next = fs->flock.list };
-                started = pthread_create(&w->thread, &a, flock_waiter, w) == 0;
-                if (started)
-                        fs->flock.list = w;
-        }
-        pthread_mutex_unlock(&fs->flock.lock);
-        pthread_attr_destroy(&a);
-        if (!started) { /* no thread to spare: wait here */
-                free(w);
-                fuse_reply_err(req, flock(fd, op) < 0 ? errno : 0);
-        }
-}
-
-void kfs_flock_stop(struct kfs *fs)
-{
-        pthread_mutex_lock(&fs->flock.lock);
-        atomic_store(&fs->flock.stop, true);
-        while (fs->flock.list) { /* a signal may come before a flock starts waiting: repeat until all end */
-                for (struct kfs_flock_wait *w = fs->flock.list; w; w = w->next)
-                        pthread_kill(w->thread, KFS_WAKE_SIGNAL);
-                struct timespec ts = kfs_deadline_ms(10);
-                pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &ts);
-        }
-        pthread_mutex_unlock(&fs->flock.lock);
-}
-
 void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
@@ -461,7 +370,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         if (h) {
                 int fd = atomic_load(&h->fd);
                 if (fd >= 0)
-                        close(fd);
+                        kfs_flock_close(fs, fd);
                 free(h);
         } else {
                 if (pt && is_writer(fi->flags)) {
@@ -472,7 +381,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                                 kfs_inode_account_locked(fs, in, &st);
                         pthread_mutex_unlock(&in->lock);
                 }
-                close((int)(uint32_t)fi->fh);
+                kfs_flock_close(fs, (int)(uint32_t)fi->fh);
         }
         kfs_pt_release(fs, in, pt);
         count_open(fs, in, is_writer(fi->flags), -1);

@@ -1,0 +1,251 @@
+/* flock.c: flock(2) on the mount.
+ *
+ * HOW. Each open has its own backing fd, hence its own open file description, so flock() on the
+ * backing fds conflicts between two opens exactly as on a local filesystem, and the daemon's own repairs
+ * (evict.c) queue on the same locks as the runtimes. The kernel sends RELEASE only after every request
+ * of a handle is answered, so a backing fd is never closed under a waiter.
+ *
+ * WAITS. The workers are few (as many as the CPUs), so a lock that must be waited for is waited for on a
+ * thread of its own: NEO's processes queue on config.file, and waiters holding the workers would starve
+ * everyone else, the request that unlocks included.
+ *
+ * A HOLDER THAT WENT AWAY. On a local filesystem a lock is free once its holder has closed the file or
+ * exited. Through FUSE the last close only queues a RELEASE, in the background, and the unlock happens
+ * when the daemon handles it; a process that saw the holder exit (waitpid) and then tries LOCK_NB can get
+ * there first, more often with FUSE over io_uring, where the two requests wait in different CPUs'
+ * queues. (Our opens set noflush, so no request at all comes at close.) So the daemon remembers which
+ * thread took each lock it holds; a LOCK_NB that conflicts with a lock whose taker is gone (no such
+ * thread, or a zombie: its files are closed, the RELEASE is on its way) waits for that RELEASE, at most
+ * HOLDER_GONE_MS, then tries once more. If the lock was inherited by a child that still runs, no RELEASE
+ * comes, and the answer is EWOULDBLOCK after that wait, as it should be. A holder that closes the file
+ * while it goes on running is not covered: nothing tells the daemon of that close before the RELEASE. */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+#define HOLDER_GONE_MS 250
+
+/* A lock held through one of our backing fds. */
+struct kfs_flock_holder {
+        int fd;
+        uint64_t bino;
+        pid_t tid;            /* the thread that took it (the request's), 0: unknown (another pid namespace) */
+        struct kfs_flock_holder *next;
+};
+
+/* A request answered on a thread of its own. */
+struct kfs_flock_wait {
+        struct kfs *fs;
+        fuse_req_t req;
+        int fd, op;
+        uint64_t bino;
+        pid_t tid;
+        bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try once more */
+        pthread_t thread;
+        struct kfs_flock_wait *next;
+};
+
+/* Is the thread that took a lock gone, its files closed? */
+static bool taker_gone(pid_t tid)
+{
+        if (tid <= 0)
+                return false;
+        char path[64], buf[512];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT || errno == ESRCH;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return true; /* exited between the open and the read */
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')'); /* the name may hold anything, even ") Z" */
+        return p && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* flock.lock held. Is a lock on bino held by a taker that is gone? */
+static bool gone_holder_locked(struct kfs *fs, uint64_t bino)
+{
+        for (struct kfs_flock_holder *h = fs->flock.holders; h; h = h->next)
+                if (h->bino == bino && taker_gone(h->tid))
+                        return true;
+        return false;
+}
+
+/* flock.lock held. Records (or re-records) fd as holding a lock; dropped on LOCK_UN and RELEASE. */
+static void holder_set_locked(struct kfs *fs, int fd, uint64_t bino, pid_t tid)
+{
+        struct kfs_flock_holder *h = fs->flock.holders;
+        while (h && h->fd != fd)
+                h = h->next;
+        if (!h) {
+                h = malloc(sizeof(*h));
+                if (!h)
+                        return; /* then a LOCK_NB against it answers at once, as without this */
+                h->next = fs->flock.holders;
+                fs->flock.holders = h;
+                atomic_fetch_add(&fs->flock.nholders, 1);
+        }
+        h->fd = fd;
+        h->bino = bino;
+        h->tid = tid;
+}
+
+/* flock.lock held. */
+static bool holder_drop_locked(struct kfs *fs, int fd)
+{
+        for (struct kfs_flock_holder **p = &fs->flock.holders; *p; p = &(*p)->next)
+                if ((*p)->fd == fd) {
+                        struct kfs_flock_holder *h = *p;
+                        *p = h->next;
+                        free(h);
+                        atomic_fetch_sub(&fs->flock.nholders, 1);
+                        return true;
+                }
+        return false;
+}
+
+void kfs_flock_close(struct kfs *fs, int fd)
+{
+        if (atomic_load(&fs->flock.nholders) == 0) {
+                close(fd);
+                return;
+        }
+        /* Closed under the lock: a LOCK_NB that failed against this fd's lock and then finds it
+         * unlisted would otherwise answer EWOULDBLOCK for a lock that is already free. */
+        pthread_mutex_lock(&fs->flock.lock);
+        bool held = holder_drop_locked(fs, fd);
+        close(fd);
+        if (held)
+                pthread_cond_broadcast(&fs->flock.cond);
+        pthread_mutex_unlock(&fs->flock.lock);
+}
+
+/* flock.lock held. One attempt, and the bookkeeping of its outcome. */
+static int try_locked(struct kfs *fs, int fd, int op, uint64_t bino, pid_t tid)
+{
+        int e = flock(fd, op) < 0 ? errno : 0;
+        if (e == 0 && (op & LOCK_UN))
+                holder_drop_locked(fs, fd);
+        else if (e == 0)
+                holder_set_locked(fs, fd, bino, tid);
+        return e;
+}
+
+static void *flock_waiter(void *arg)
+{
+        struct kfs_flock_wait *w = arg;
+        struct kfs *fs = w->fs;
+        int e;
+        if (w->after_gone) {
+                struct timespec until = kfs_deadline_ms(HOLDER_GONE_MS);
+                pthread_mutex_lock(&fs->flock.lock);
+                while (!atomic_load(&fs->flock.stop) && gone_holder_locked(fs, w->bino) &&
+                       pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &until) == 0)
+                        ;
+                e = try_locked(fs, w->fd, w->op, w->bino, w->tid);
+                pthread_mutex_unlock(&fs->flock.lock);
+        } else {
+                while ((e = flock(w->fd, w->op) < 0 ? errno : 0) == EINTR && !atomic_load(&fs->flock.stop))
+                        ;
+                if (e == 0) {
+                        pthread_mutex_lock(&fs->flock.lock);
+                        holder_set_locked(fs, w->fd, w->bino, w->tid);
+                        pthread_mutex_unlock(&fs->flock.lock);
+                }
+        }
+        fuse_reply_err(w->req, e);
+        pthread_mutex_lock(&fs->flock.lock);
+        for (struct kfs_flock_wait **p = &fs->flock.list; *p; p = &(*p)->next)
+                if (*p == w) {
+                        *p = w->next;
+                        break;
+                }
+        pthread_cond_broadcast(&fs->flock.cond);
+        pthread_mutex_unlock(&fs->flock.lock);
+        free(w);
+        return NULL;
+}
+
+/* Answers on a thread of its own; false if none could be started. */
+static bool defer(struct kfs *fs, const struct kfs_flock_wait *tmpl)
+{
+        kfs_wake_signal_init();
+        struct kfs_flock_wait *w = malloc(sizeof(*w));
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 256 * 1024);
+        pthread_mutex_lock(&fs->flock.lock);
+        bool started = false;
+        if (w && !atomic_load(&fs->flock.stop)) {
+                *w = *tmpl;
+                w->next = fs->flock.list;
+                started = pthread_create(&w->thread, &a, flock_waiter, w) == 0;
+                if (started)
+                        fs->flock.list = w;
+        }
+        pthread_mutex_unlock(&fs->flock.lock);
+        pthread_attr_destroy(&a);
+        if (!started)
+                free(w);
+        return started;
+}
+
+void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int op)
+{
+        struct kfs *fs = kfs_of(req);
+        int fd = kfs_handle_fd(fs, ino, fi);
+        if (fd < 0) {
+                fuse_reply_err(req, -fd);
+                return;
+        }
+        struct kfs_flock_wait w = { .fs = fs, .req = req, .fd = fd, .op = op,
+                                    .bino = kfs_inode_get(fs, ino)->bino, .tid = fuse_req_ctx(req)->pid };
+        pthread_mutex_lock(&fs->flock.lock);
+        int e = try_locked(fs, fd, op | ((op & LOCK_UN) ? 0 : LOCK_NB), w.bino, w.tid);
+        bool gone = e == EWOULDBLOCK && (op & LOCK_NB) && gone_holder_locked(fs, w.bino);
+        pthread_mutex_unlock(&fs->flock.lock);
+        if (e != EWOULDBLOCK || ((op & LOCK_NB) && !gone)) {
+                fuse_reply_err(req, e);
+                return;
+        }
+        w.after_gone = gone;
+        if (defer(fs, &w))
+                return;
+        /* No thread to spare: wait here (a LOCK_NB only tries once more). */
+        if (gone) {
+                pthread_mutex_lock(&fs->flock.lock);
+                e = try_locked(fs, fd, op, w.bino, w.tid);
+                pthread_mutex_unlock(&fs->flock.lock);
+        } else if ((e = flock(fd, op) < 0 ? errno : 0) == 0) {
+                pthread_mutex_lock(&fs->flock.lock);
+                holder_set_locked(fs, fd, w.bino, w.tid);
+                pthread_mutex_unlock(&fs->flock.lock);
+        }
+        fuse_reply_err(req, e);
+}
+
+void kfs_flock_stop(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->flock.lock);
+        atomic_store(&fs->flock.stop, true);
+        while (fs->flock.list) { /* a signal may come before a flock starts waiting: repeat until all end */
+                for (struct kfs_flock_wait *w = fs->flock.list; w; w = w->next)
+                        pthread_kill(w->thread, KFS_WAKE_SIGNAL);
+                pthread_cond_broadcast(&fs->flock.cond);
+                struct timespec ts = kfs_deadline_ms(10);
+                pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &ts);
+        }
+        while (fs->flock.holders)
+                holder_drop_locked(fs, fs->flock.holders->fd);
+        pthread_mutex_unlock(&fs->flock.lock);
+}
