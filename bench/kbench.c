@@ -218,7 +218,11 @@ int main(int argc, char **argv)
                 }
         } else if (!strcmp(op, "bigwrite") && argc == 4) {
                 size_t len = (size_t)atol(argv[3]) * 1024;
-                char *b = calloc(1, len);
+                char *b = malloc(len);
+                /* Data, as a real writer has: Linux 6.18 splits a write(2) from never-touched memory at an
+                 * address that is not page-aligned (calloc's) into one FUSE request per page. */
+                if (b)
+                        memset(b, 0x5a, len);
                 int fd = open(dir, O_WRONLY | O_CREAT | O_EXCL, 0644);
                 if (fd < 0)
                         die("open", dir);

@@ -192,6 +192,7 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 } else {
                         return -EINVAL;
                 }
+                kfs_reap_drain(fs); /* done means the blocks are free too (df of the backing filesystem) */
                 return r < 0 ? (int)r : 0;
         }
         return -ENOTSUP;
@@ -214,8 +215,11 @@ int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                         kidx_set_pinned(fs->idx, in->bino, pin);
                 return r;
         }
-        if (!strcmp(n, "evict"))
-                return kfs_evict_ino(fs, in->bino);
+        if (!strcmp(n, "evict")) {
+                int r = kfs_evict_ino(fs, in->bino);
+                kfs_reap_drain(fs);
+                return r;
+        }
         return -ENOTSUP;
 }
 

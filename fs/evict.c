@@ -80,6 +80,8 @@
  * INODE REUSE. Files are keyed by inode number, and a filesystem such as ext4 gives a freed number to the
  * next new file at once. So every removal keeps an O_PATH fd on the removed inode until the index has
  * been told: a file created meanwhile cannot get its number and have its own entry dropped with the old.
+ * That fd is then the file's last reference, and its close frees the blocks, which on ext4 with -o
+ * discard waits for the device; the reaper thread (reap.c) does those closes, not the evicting write.
  *
  * CRASHES. Eviction unlinks first and records second. A crash in between leaves index rows for files that
  * are gone; the next mount sees the unclean flag and reconciles with the tree, so nothing is lost and
@@ -642,8 +644,7 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
                 struct victim *v = &vs->v[u->first + k];
-                if (v->hold >= 0)
-                        close(v->hold);
+                kfs_reap(fs, v->hold); /* frees the blocks, off this path (reap.c) */
                 v->hold = -1;
         }
         free(removed);
@@ -671,8 +672,7 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
                         kidx_del_file(fs->idx, st.st_ino,
                                       kidx_get_file(fs->idx, st.st_ino, &f) == 0 ? f.bytes : (uint64_t)st.st_blocks * 512);
         }
-        if (v.hold >= 0)
-                close(v.hold);
+        kfs_reap(fs, v.hold);
 }
 
 /* The bytes of the regular files below dfd, as SYCL counts its cache (their sizes), without the size file
@@ -1028,7 +1028,9 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
         if (r < 0)
                 return r;
         uint64_t cursor = 0;
-        return evict_down_to(fs, target, &cursor, grace);
+        int64_t freed = evict_down_to(fs, target, &cursor, grace);
+        kfs_reap_drain(fs); /* the blocks too: the backing filesystem may be what is full */
+        return freed;
 }
 
 /* A cache over its limit at mount (remounted with a smaller max_size) goes down in the background,

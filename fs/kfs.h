@@ -169,6 +169,14 @@ struct kfs {
         pthread_t shrinker;         /* brings a cache found over its limit at mount down (evict.c) */
         bool shrinker_started;
         pthread_mutex_t evict_lock; /* one eviction at a time */
+        struct {                    /* closes evicted files' last fds, which frees their blocks (reap.c) */
+                pthread_mutex_t lock;
+                pthread_cond_t cond;    /* fds queued, or the queue drained */
+                int *fds;               /* lock */
+                size_t n, cap;          /* lock */
+                bool busy, stop, started; /* lock */
+                pthread_t thread;
+        } reap;
 };
 
 static inline struct kfs *kfs_of(fuse_req_t req)
@@ -248,6 +256,14 @@ void kfs_evict_stop(struct kfs *fs);
 void kfs_evict_start_shrink(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
+
+/* reap.c */
+/* Closes fd (an evicted file's last reference) on the reaper thread. */
+void kfs_reap(struct kfs *fs, int fd);
+/* Waits until every fd queued so far is closed (their blocks freed). */
+void kfs_reap_drain(struct kfs *fs);
+/* Closes what is queued and stops the reaper (after the last request). */
+void kfs_reap_stop(struct kfs *fs);
 
 /* flock.c */
 /* Interrupts and waits out the flock() waiters (before the session goes). */

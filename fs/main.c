@@ -348,6 +348,8 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->itable_lock, NULL);
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
+        pthread_mutex_init(&fs->reap.lock, NULL);
+        pthread_cond_init(&fs->reap.cond, NULL);
         pthread_cond_init(&fs->repair_cond, NULL);
         pthread_mutex_init(&fs->flock.lock, NULL);
         pthread_cond_init(&fs->flock.cond, NULL);
@@ -451,7 +453,7 @@ int main(int argc, char *argv[])
                  * The price: a handler that waits (an fsync, the disk's writeback, another writer's
                  * eviction) holds its worker, so on a small machine a few of them delay everything
                  * else meanwhile; -o max_threads=N sets the number. flock() waits use threads of their
-                 * own (ops-io.c). libfuse's defaults (10, unset) mean not given. */
+                 * own (flock.c). libfuse's defaults (10, unset) mean not given. */
                 long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
                 unsigned workers = ncpu < 2 ? 2 : ncpu > 256 ? 256 : (unsigned)ncpu;
                 bool given = cmd.max_threads != UINT_MAX && cmd.max_threads != 0 && cmd.max_threads != 10;
@@ -466,6 +468,7 @@ out_unmount:
         kfs_evict_stop(&fs);
         kfs_flock_stop(&fs); /* its waiters' replies may go through the rings */
         kfs_ring_stop(&fs);
+        kfs_reap_stop(&fs); /* after the last request: none can evict any more */
         fuse_session_unmount(fs.se);
 out_signals:
         fuse_remove_signal_handlers(fs.se);
