@@ -61,10 +61,10 @@ static void usage(const char *prog)
                "    -o nopassthrough        never let the kernel read files directly from BACKING_DIR (kernel\n"
                "                            passthrough, used for read-only opens when the daemon runs as root\n"
                "                            on Linux 6.9+); reads then go through the FUSE page cache\n"
-               "    -o uring                take requests through FUSE over io_uring where the kernel offers it\n"
-               "                            (Linux 6.14+; as root on 6.18+ the fuse module's enable_uring is\n"
-               "                            turned on): each request is served on the CPU that made it. Opt-in\n"
-               "                            while a rare stuck request is investigated; -o nouring: never\n"
+               "    -o nouring              take requests through /dev/fuse even when the kernel offers FUSE\n"
+               "                            over io_uring (Linux 6.14+; as root on 6.18+ the fuse module's\n"
+               "                            enable_uring is turned on), which serves each request on the CPU\n"
+               "                            that made it\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
                "\n",
                prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS, KFS_META_DIR, DEFAULT_TIMEOUT);
@@ -371,6 +371,7 @@ int main(int argc, char *argv[])
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
+        fs.o.uring = 1; /* -o nouring turns it off */
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
         if (fs.o.show_help) {

@@ -34,9 +34,9 @@
  * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
  * of a ring's submissions come from its owner.
  *
- * OPT-IN. -o uring: with the rings on, test_fs_posix.py's flock test fails about 1 run in 10 (a lock
- * still held after its holder exited, then a daemon that does not exit after the unmount, so a request
- * stuck somewhere), which /dev/fuse never does; until that is found, /dev/fuse is the default.
+ * A LOCK AFTER ITS HOLDER EXITED. With the rings, a holder's RELEASE (queued at its last close) waits in
+ * its CPU's queue while a LOCK_NB from another CPU may be served first; flock.c waits for it. Until that
+ * was found, this was opt-in (test_fs_posix.py's flock test failed about 1 run in 50).
  *
  * THE KERNEL'S SWITCH. The kernel offers io_uring in INIT only while the fuse module's enable_uring
  * parameter is on, and it is off by default. It only allows daemons that ask for io_uring to use it,
@@ -612,8 +612,6 @@ const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)
         }
         if (fs->o.nouring)
                 return "/dev/fuse (-o nouring)";
-        if (!fs->o.uring)
-                return "/dev/fuse (io_uring is opt-in: -o uring)";
         if (fs->singlethread)
                 return "/dev/fuse (single-threaded)";
         if (!fs->devio.hooked)
