@@ -9,7 +9,8 @@
  *   kbench publish DIR TAG N       N new 256 KiB files by temp + write + rename into DIR/pub-TAG/
  *   kbench parread DIR P           P processes each read every file, concurrently
  *   kbench writelat DIR N          N 64 KiB temp+write+rename publications; prints the worst latency
- *   kbench many DIR N              N files of 1 byte in DIR/dNNNN/ (1,000 per directory), for the index
+ *   kbench many DIR N              N files of 1 byte in DIR/dNNNN/ (1,000 per directory), for the index;
+ *                                  creates those missing, prints how many
  *   kbench bigwrite FILE KIB       one write(2) of KIB KiB into a new FILE; prints its duration
  */
 #include <dirent.h>
@@ -202,7 +203,7 @@ int main(int argc, char **argv)
                 printf("%.6f\n", worst);
                 return 0;
         } else if (!strcmp(op, "many") && argc == 4) {
-                long n = atol(argv[3]);
+                long n = atol(argv[3]), made = 0;
                 char p[4096];
                 mkdir(dir, 0755);
                 for (long i = 0; i < n; i++) {
@@ -211,11 +212,16 @@ int main(int argc, char **argv)
                                 mkdir(p, 0755);
                         }
                         snprintf(p, sizeof(p), "%s/d%04ld/f%07ld", dir, i / 1000, i);
-                        int fd = open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                        int fd = open(p, O_WRONLY | O_CREAT | O_EXCL, 0644);
+                        if (fd < 0 && errno == EEXIST)
+                                continue; /* tops up a tree that earlier runs' evictions thinned */
                         if (fd < 0 || write(fd, "x", 1) != 1)
                                 die("write", p);
                         close(fd);
+                        made++;
                 }
+                printf("%ld\n", made);
+                return 0;
         } else if (!strcmp(op, "bigwrite") && argc == 4) {
                 size_t len = (size_t)atol(argv[3]) * 1024;
                 char *b = malloc(len);
