@@ -189,6 +189,7 @@ static int kc_stats(int argc, char **argv)
                         { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
                         { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
                         { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
+                        { "helped_writes", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];

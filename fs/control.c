@@ -6,7 +6,8 @@
  *   on the mount root  version, max_bytes, used_bytes, free_bytes, files, opens, bytes_read,
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
  *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
- *                      "/dev/fuse" with why), ring_requests, stats (all of it, JSON)
+ *                      "/dev/fuse" with why), ring_requests, helped_writes (writes granted room by
+ *                      another request's eviction, evict.c HELPING), stats (all of it, JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
@@ -25,7 +26,8 @@
 
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
-                                          "passthrough", "passthrough_opens", "transport", "ring_requests" };
+                                          "passthrough", "passthrough_opens", "transport", "ring_requests",
+                                          "helped_writes" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -46,11 +48,12 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"evicted_files\":%" PRIu64
                         ",\"evicted_bytes\":%" PRIu64 ",\"rebuilds\":%" PRIu64 ",\"low_watermark\":%u"
                         ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64
-                        ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 "}",
+                        ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 ",\"helped_writes\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
                         fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
-                        kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests));
+                        kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
+                        (uint64_t)atomic_load(&fs->helped_writes));
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -76,6 +79,7 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "evicted_bytes", s.evicted_bytes }, { "rebuilds", s.rebuilds },
                 { "passthrough_opens", atomic_load(&fs->pt.opens) },
                 { "ring_requests", atomic_load(&fs->ring_requests) },
+                { "helped_writes", atomic_load(&fs->helped_writes) },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

@@ -87,9 +87,16 @@
  * are gone; the next mount sees the unclean flag and reconciles with the tree, so nothing is lost and
  * nothing is counted twice.
  *
- * FAIRNESS. While an eviction runs (fs->evicting), no new reservation is granted on the fast path: every
- * request waits for evict_lock and then re-checks against the room the eviction made. Without this, the
- * other writers fill each victim's space as it is freed, and the request that paid for the eviction fails.
+ * FAIRNESS. While an eviction runs (fs->evicting), no new reservation is granted on the fast path.
+ * Without this, the other writers fill each victim's space as it is freed, and the request that paid for
+ * the eviction fails.
+ *
+ * HELPING. A write that needs room while another request's eviction runs does not wait for that whole
+ * eviction (a 1 MiB write evicts 256 files of 4 KiB: 5-15 ms here, up to 29 ms with the disk busy). It
+ * queues (fs->space_waiters, in arrival order) and the evictor, after every BATCH_VICTIMS files it removes,
+ * grants queued requests from the room made so far, then evicts on for its own request: it goes on until
+ * its own reservation fits, however much the queued ones took, so neither side can fail for the other.
+ * Requests still queued when it is done evict for themselves, one at a time.
  *
  * Locks: evict_lock serializes evictions (one flush, one consistent order). space_lock guards reserved
  * and evicting, and is never held across I/O. */
@@ -877,11 +884,35 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
                 repairer_kick_locked(fs);
 }
 
+/* space_lock held. */
+static bool try_reserve_locked(struct kfs *fs, uint64_t bytes);
+
+/* A write waiting for room while another request's eviction runs (HELPING). */
+struct space_wait {
+        uint64_t bytes;
+        bool granted;
+        struct space_wait *next;
+};
+
+/* space_lock held. Grants queued writes in arrival order while they fit (HELPING). */
+static void grant_waiters_locked(struct kfs *fs)
+{
+        bool any = false;
+        while (fs->space_waiters && try_reserve_locked(fs, fs->space_waiters->bytes)) {
+                fs->space_waiters->granted = true;
+                atomic_fetch_add(&fs->helped_writes, 1);
+                fs->space_waiters = fs->space_waiters->next;
+                any = true;
+        }
+        if (any)
+                pthread_cond_broadcast(&fs->space_cond);
+}
+
 /* evict_lock held. Removes the victims that cover goal bytes (at most max_victims), continuing the LRU
  * walk at *cursor. If they cannot cover must_free, removes nothing and fails with -ENOSPC (ALL OR
- * NOTHING). Returns the bytes freed. */
+ * NOTHING). Returns the bytes freed. help: grant queued writes room as it goes (HELPING). */
 static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
-                           bool grace, struct notify_list *nl)
+                           bool grace, struct notify_list *nl, bool help)
 {
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
@@ -910,8 +941,16 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
                 if (e < 0)
                         freed = e;
         }
-        for (size_t i = 0; freed >= 0 && i < vs.nu; i++)
+        size_t since = 0;
+        for (size_t i = 0; freed >= 0 && i < vs.nu; i++) {
                 freed += (int64_t)evict_unit(fs, &dc, &vs, &vs.u[i], nl);
+                if (help && (since += vs.u[i].count) >= BATCH_VICTIMS) {
+                        since = 0;
+                        pthread_mutex_lock(&fs->space_lock);
+                        grant_waiters_locked(fs);
+                        pthread_mutex_unlock(&fs->space_lock);
+                }
+        }
         if (freed >= 0)
                 repair_all(fs, &vs, nl);
         free_victims(&vs);
@@ -929,7 +968,7 @@ static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, 
                 pthread_mutex_lock(&fs->evict_lock);
                 uint64_t used = kidx_used(fs->idx);
                 int64_t freed = used > target && !fs->evict_stop
-                                        ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl)
+                                        ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false)
                                         : 0;
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
@@ -956,6 +995,24 @@ static bool try_reserve_locked(struct kfs *fs, uint64_t bytes)
         return true;
 }
 
+/* Waits for room while another request's eviction runs (HELPING). true: granted; false: that eviction
+ * ended first (or none runs), and the caller must see to it itself. */
+static bool wait_for_help(struct kfs *fs, uint64_t bytes)
+{
+        pthread_mutex_lock(&fs->space_lock);
+        struct space_wait w = { .bytes = bytes };
+        if (fs->evicting) {
+                struct space_wait **p = &fs->space_waiters;
+                while (*p)
+                        p = &(*p)->next;
+                *p = &w;
+                while (!w.granted && fs->evicting)
+                        pthread_cond_wait(&fs->space_cond, &fs->space_lock);
+        }
+        pthread_mutex_unlock(&fs->space_lock);
+        return w.granted;
+}
+
 int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
 {
         if (bytes > fs->o.max_size)
@@ -966,12 +1023,17 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         if (ok)
                 return 0;
 
-        /* Slow path. First, under evict_lock and with new reservations held back (FAIRNESS), free what this
-         * request needs, all or nothing. */
+        /* Slow path. An eviction running now may grant this request room as it goes (HELPING); otherwise,
+         * under evict_lock and with new reservations held back (FAIRNESS), free what this request needs,
+         * all or nothing. */
+        if (pthread_mutex_trylock(&fs->evict_lock) != 0) {
+                if (wait_for_help(fs, bytes))
+                        return 0;
+                pthread_mutex_lock(&fs->evict_lock);
+        }
         struct notify_list nl = { 0 };
         uint64_t cursor = 0;
         int r = 0;
-        pthread_mutex_lock(&fs->evict_lock);
         pthread_mutex_lock(&fs->space_lock);
         ok = try_reserve_locked(fs, bytes); /* an eviction before ours may have made room */
         uint64_t used = kidx_used(fs->idx), reserved = fs->reserved;
@@ -981,14 +1043,20 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         if (!ok) {
                 r = kidx_flush(fs->idx); /* the order must reflect every access up to now */
                 /* A victim opened between its choice and its removal stays, so a batch may free less than
-                 * it chose: then choose again (the opened file is now passed over), a few times at most. */
-                for (int attempt = 0; r == 0 && !ok && attempt < 4; attempt++) {
-                        if (attempt)
-                                cursor = 0; /* the LRU walk again from its start */
+                 * it chose: then choose again (the opened file is now passed over), a few times at most.
+                 * Room that queued writes were granted meanwhile (HELPING) is made up for by going on; after
+                 * a few such rounds it stops granting, so that a stream of writers cannot keep it going. */
+                for (int attempt = 0, helped = 0; r == 0 && !ok && attempt < 4;) {
                         uint64_t must = used + reserved + bytes - fs->o.max_size;
-                        int64_t freed = evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl);
-                        if (freed < 0)
+                        int64_t freed = evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4);
+                        if (freed < 0) {
                                 r = (int)freed;
+                        } else if ((uint64_t)freed < must) {
+                                attempt++;
+                                cursor = 0; /* the LRU walk again from its start */
+                        } else {
+                                helped++;
+                        }
                         pthread_mutex_lock(&fs->space_lock);
                         ok = r == 0 && try_reserve_locked(fs, bytes);
                         used = kidx_used(fs->idx);
@@ -998,7 +1066,10 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
                 if (r == 0 && !ok)
                         r = -ENOSPC;
                 pthread_mutex_lock(&fs->space_lock);
+                grant_waiters_locked(fs); /* what is left after ours */
                 fs->evicting = false;
+                fs->space_waiters = NULL; /* the others see to themselves (wait_for_help) */
+                pthread_cond_broadcast(&fs->space_cond);
                 pthread_mutex_unlock(&fs->space_lock);
                 evicted = r == 0;
         }
@@ -1073,7 +1144,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
                 struct notify_list nl = { 0 };
                 uint64_t c = cursor;
                 pthread_mutex_lock(&fs->evict_lock);
-                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl); /* an operator's request */
+                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false); /* an operator's */
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)

@@ -159,6 +159,9 @@ struct kfs {
         pthread_mutex_t space_lock;
         uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
         bool evicting;            /* an eviction runs: reservations wait for it; space_lock */
+        struct space_wait *space_waiters; /* writes the running eviction grants room to (evict.c); space_lock */
+        _Atomic uint64_t helped_writes; /* writes granted room that way since mount */
+        pthread_cond_t space_cond; /* a waiter was granted room, or the eviction ended; with space_lock */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         struct kfs_repair *repairs; /* bookkeeping repairs that found the runtime's lock held; evict_lock */
         size_t nrepairs;

@@ -347,6 +347,7 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->root.lock, NULL);
         pthread_mutex_init(&fs->itable_lock, NULL);
         pthread_mutex_init(&fs->space_lock, NULL);
+        pthread_cond_init(&fs->space_cond, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
         pthread_mutex_init(&fs->reap.lock, NULL);
         pthread_cond_init(&fs->reap.cond, NULL);

@@ -191,6 +191,49 @@ def test_concurrent_writers_never_exceed_the_limit(kfs):
     assert du == m.used() <= limit
 
 
+def _small_publisher(mnt, wid, n, q):
+    errs = []
+    for i in range(n):
+        name = os.path.join(mnt, f"p{wid}-{i}")
+        try:
+            with open(name + ".tmp", "wb") as f:
+                f.write(bytes([wid]) * (16 * K))
+            os.rename(name + ".tmp", name)
+        except OSError as e:
+            errs.append(e.errno)
+    q.put(errs)
+
+
+def test_writes_that_need_room_during_a_big_eviction_are_granted_it_as_it_goes(kfs):
+    # The cache is exactly full of 4 KiB files, so every write evicts (low watermark 100%). A 4 MiB write
+    # evicts about 1,000 files; 16 KiB publications made meanwhile are granted room from what it has freed
+    # so far (helped_writes), instead of waiting for all of it. Nobody fails, the big write included, and
+    # the limit holds throughout.
+    limit = 8 << 20
+    m = kfs({"max_size": str(limit), "low_watermark": "100", "grace_ms": "0"})
+    make_files(m, limit // (4 * K), 4 * K, prefix="old")
+    assert m.used() == limit
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    for round in range(10):
+        pubs = [ctx.Process(target=_small_publisher, args=(m.mnt, w + 4 * round, 20, q)) for w in range(4)]
+        for p in pubs:
+            p.start()
+        with open(m.path(f"big{round}"), "wb") as f:
+            f.write(os.urandom(4 << 20))  # data: one request per MiB
+        while any(p.is_alive() for p in pubs):
+            assert m.used() <= limit
+        for p in pubs:
+            p.join()
+        assert all(not q.get() for _ in pubs)
+        os.unlink(m.path(f"big{round}"))  # room for the next round's big write to need evicting again
+        make_files(m, (4 << 20) // (4 * K), 4 * K, prefix=f"refill{round}-")
+        if int(os.getxattr(m.mnt, "user.kcachefs.helped_writes")) > 0:
+            break
+    assert m.used() <= limit
+    assert int(os.getxattr(m.mnt, "user.kcachefs.helped_writes")) > 0
+
+
 def _crash_writer(mnt, wid, q):
     """Publishes files by temp + rename; each carries its own length and a checksum of its body."""
     import hashlib
