@@ -1054,8 +1054,10 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
                         } else if ((uint64_t)freed < must) {
                                 attempt++;
                                 cursor = 0; /* the LRU walk again from its start */
+                        } else if (helped < 4) {
+                                helped++; /* queued writes took room: on for ours */
                         } else {
-                                helped++;
+                                attempt++; /* room went without our granting it: bounded like the rest */
                         }
                         pthread_mutex_lock(&fs->space_lock);
                         ok = r == 0 && try_reserve_locked(fs, bytes);
@@ -1099,9 +1101,7 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
         if (r < 0)
                 return r;
         uint64_t cursor = 0;
-        int64_t freed = evict_down_to(fs, target, &cursor, grace);
-        kfs_reap_drain(fs); /* the blocks too: the backing filesystem may be what is full */
-        return freed;
+        return evict_down_to(fs, target, &cursor, grace);
 }
 
 /* A cache over its limit at mount (remounted with a smaller max_size) goes down in the background,
@@ -1235,5 +1235,6 @@ int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)
         uint64_t used = kidx_used(fs->idx), margin = fs->o.max_size - low_watermark_bytes(fs);
         uint64_t want = bytes > margin ? bytes : margin;
         int64_t r = kfs_evict_to(fs, used > want ? used - want : 0, true);
+        kfs_reap_drain(fs); /* the blocks too: it is the backing filesystem that is full */
         return r < 0 ? (int)r : 0;
 }
