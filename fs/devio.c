@@ -82,7 +82,7 @@ static ssize_t dev_writev(int fd, struct iovec *iov, int count, void *ud)
 void kfs_dev_setup(struct kfs *fs)
 {
         fs->devio.fd = fuse_session_fd(fs->se);
-        if ((fs->o.nouring || !fs->o.uring) && !fs->pt.wanted)
+        if (fs->o.nouring && !fs->pt.wanted)
                 return;
         /* No splice hooks: libfuse then splices to the fd itself, and splicing is negotiated only
          * without the rings (kfs_op_init), whose replies must go through dev_writev. */

@@ -140,6 +140,20 @@ static int try_locked(struct kfs *fs, int fd, int op, uint64_t bino, pid_t tid)
         return e;
 }
 
+/* Takes the lock, waiting for as long as that takes (a shutdown interrupts it), and records it. */
+static int take_waiting(struct kfs *fs, const struct kfs_flock_wait *w)
+{
+        int e;
+        while ((e = flock(w->fd, w->op) < 0 ? errno : 0) == EINTR && !atomic_load(&fs->flock.stop))
+                ;
+        if (e == 0) {
+                pthread_mutex_lock(&fs->flock.lock);
+                holder_set_locked(fs, w->fd, w->bino, w->tid);
+                pthread_mutex_unlock(&fs->flock.lock);
+        }
+        return e;
+}
+
 static void *flock_waiter(void *arg)
 {
         struct kfs_flock_wait *w = arg;
@@ -154,13 +168,7 @@ static void *flock_waiter(void *arg)
                 e = try_locked(fs, w->fd, w->op, w->bino, w->tid);
                 pthread_mutex_unlock(&fs->flock.lock);
         } else {
-                while ((e = flock(w->fd, w->op) < 0 ? errno : 0) == EINTR && !atomic_load(&fs->flock.stop))
-                        ;
-                if (e == 0) {
-                        pthread_mutex_lock(&fs->flock.lock);
-                        holder_set_locked(fs, w->fd, w->bino, w->tid);
-                        pthread_mutex_unlock(&fs->flock.lock);
-                }
+                e = take_waiting(fs, w);
         }
         fuse_reply_err(w->req, e);
         pthread_mutex_lock(&fs->flock.lock);
@@ -226,10 +234,8 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
                 pthread_mutex_lock(&fs->flock.lock);
                 e = try_locked(fs, fd, op, w.bino, w.tid);
                 pthread_mutex_unlock(&fs->flock.lock);
-        } else if ((e = flock(fd, op) < 0 ? errno : 0) == 0) {
-                pthread_mutex_lock(&fs->flock.lock);
-                holder_set_locked(fs, fd, w.bino, w.tid);
-                pthread_mutex_unlock(&fs->flock.lock);
+        } else {
+                e = take_waiting(fs, &w);
         }
         fuse_reply_err(req, e);
 }

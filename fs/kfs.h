@@ -77,7 +77,6 @@ struct kfs_opts {
         int nolog;                /* debug: no access log (for measuring its cost) */
         int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
         int nouring;              /* never use FUSE over io_uring (ring.c) */
-        int uring;                /* use FUSE over io_uring where the kernel offers it (default, ring.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         char **pins;              /* parsed pin patterns, NULL-terminated */
         char *layout_str;         /* -o layout= */

@@ -372,7 +372,6 @@ int main(int argc, char *argv[])
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
-        fs.o.uring = 1; /* -o nouring turns it off */
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
         if (fs.o.show_help) {

@@ -108,7 +108,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("nolog", nolog),
         OPT("nopassthrough", nopassthrough),
         OPT("nouring", nouring),
-        OPT("uring", uring),
+        FUSE_OPT_KEY("uring", FUSE_OPT_KEY_DISCARD), /* the default, accepted where said explicitly */
         OPT("rebuild", rebuild),
         FUSE_OPT_KEY("-h", KEY_HELP),
         FUSE_OPT_KEY("--help", KEY_HELP),

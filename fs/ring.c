@@ -388,7 +388,7 @@ static void *ring_main(void *arg)
 
 void kfs_ring_prepare(struct kfs *fs)
 {
-        if (!fs->o.uring || fs->o.nouring || fs->singlethread || geteuid() != 0)
+        if (fs->o.nouring || fs->singlethread || geteuid() != 0)
                 return;
         FILE *f = fopen(RING_SWITCH, "r");
         int c = f ? fgetc(f) : EOF;
@@ -415,7 +415,7 @@ bool kfs_ring_wanted(struct kfs *fs)
 
 void kfs_ring_init(struct kfs *fs)
 {
-        if (!fs->devio.offers_ring || !fs->o.uring || fs->o.nouring || fs->singlethread)
+        if (!fs->devio.offers_ring || fs->o.nouring || fs->singlethread)
                 return;
         long n = sysconf(_SC_NPROCESSORS_CONF);
         /* The kernel's queues: one per possible CPU (num_possible_cpus(), CPUs numbered from 0). */
