@@ -715,17 +715,6 @@ static uint64_t tree_size(int dfd, int depth)
         return total;
 }
 
-/* NEO's config.file, held under its flock by us: removed so that NEO recounts, unless it is still empty.
- * An empty one was just created by a NEO process that has yet to take the lock and write its count; that
- * count comes after our removals, so it is honest already, and removing the file under that process would
- * fail its create (ENOENT) or leave it counting into an unlinked file. */
-static void remove_neo_config(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
-{
-        struct stat st;
-        if (fstat(fd, &st) == 0 && st.st_size > 0)
-                remove_noted(fs, dfd, "config.file", nl);
-}
-
 /* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
  * protocol. Returns false if the runtime holds the lock now (try again later).
  *   NEO:  unlink config.file under flock(); NEO then recreates it and recounts the directory.
@@ -742,7 +731,7 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                 int fd = openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-                                remove_neo_config(fs, dfd, fd, nl);
+                                remove_noted(fs, dfd, "config.file", nl);
                         else
                                 done = false;
                         close(fd); /* releases the lock */
@@ -820,7 +809,7 @@ static void *repairer_main(void *arg)
                 pthread_mutex_lock(&fs->evict_lock);
                 if (!fs->evict_stop && (locked || fd < 0)) {
                         if (locked)
-                                remove_neo_config(fs, dfd, fd, &nl);
+                                remove_noted(fs, dfd, "config.file", &nl);
                         drop_repair_locked(fs, KFS_RT_NEO, dir);
                 }
                 pthread_mutex_unlock(&fs->evict_lock);
