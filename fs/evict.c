@@ -658,12 +658,15 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         return freed;
 }
 
-/* Removes dir/name (bookkeeping the daemon repairs) as eviction removes files: index, stale inode, kernel. */
-static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct notify_list *nl)
+/* Removes dir/name (bookkeeping the daemon repairs) as eviction removes files: index, stale inode, kernel.
+ * Only if the name still is fd's file: fd is the one the repair locked or wrote, and the runtime may have
+ * replaced the file since (NEO: another repair removed it and a NEO process created a new one, which it
+ * is creating or counting into now; removing that one by name failed the NEO process's create). */
+static void remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, struct notify_list *nl)
 {
         struct stat st, ds;
-        if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 || fstat(dirfd, &ds) < 0)
-                return;
+        if (fstat(fd, &st) < 0 || st.st_nlink == 0 || fstat(dirfd, &ds) < 0)
+                return; /* gone already */
         struct victim v = { .ino = st.st_ino, .hold = -1 };
         struct name nm = { .dir = ds.st_ino, .name = (char *)name };
         v.names = &nm;
@@ -682,9 +685,19 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, struct not
         kfs_reap(fs, v.hold);
 }
 
-/* The bytes of the regular files below dfd, as SYCL counts its cache (their sizes), without the size file
- * and the lock files themselves. */
-static uint64_t tree_size(int dfd, int depth)
+/* Whether a regular file counts towards a runtime's own size: NEO counts its cache binaries
+ * (<hash>.cl_cache, .l0_cache, .ocloc_cache), SYCL every file but its size file and lock files. */
+static bool counted(enum kfs_rt rt, const char *n)
+{
+        size_t l = strlen(n);
+        if (rt == KFS_RT_NEO)
+                return l > 6 && !strcmp(n + l - 6, "_cache");
+        return strcmp(n, "cache_size.txt") && !(l > 5 && !strcmp(n + l - 5, ".lock"));
+}
+
+/* The runtime's own count of the cache below dfd: the sizes of its counted files, down as deep as the
+ * runtime itself looks (NEO: its two levels of hash directories). */
+static uint64_t tree_size(enum kfs_rt rt, int dfd, int depth)
 {
         int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -695,18 +708,18 @@ static uint64_t tree_size(int dfd, int depth)
                         close(fd);
                 return 0;
         }
+        int max_depth = rt == KFS_RT_NEO ? 2 : 16;
         while ((de = readdir(d))) {
                 struct stat st;
                 const char *n = de->d_name;
                 if (!strcmp(n, ".") || !strcmp(n, "..") || fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
-                        continue;
-                size_t l = strlen(n);
-                if (S_ISREG(st.st_mode) && strcmp(n, "cache_size.txt") && !(l > 5 && !strcmp(n + l - 5, ".lock")))
+                        continue; /* vanished meanwhile (evicted): it counts nothing */
+                if (S_ISREG(st.st_mode) && counted(rt, n))
                         total += (uint64_t)st.st_size;
-                else if (S_ISDIR(st.st_mode) && depth < 16) {
+                else if (S_ISDIR(st.st_mode) && depth < max_depth) {
                         int c = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                         if (c >= 0) {
-                                total += tree_size(c, depth + 1);
+                                total += tree_size(rt, c, depth + 1);
                                 close(c);
                         }
                 }
@@ -715,9 +728,41 @@ static uint64_t tree_size(int dfd, int depth)
         return total;
 }
 
+/* itable_lock not held. fd is dir/name, which the daemon just rewrote behind the kernel's back. */
+static void note_rewritten(struct kfs *fs, int fd, struct notify_list *nl)
+{
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+                return;
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
+        if (in) { /* opens after this one see a new size and mtime, and get no keep_cache */
+                pthread_mutex_lock(&in->lock);
+                kfs_inode_account_locked(fs, in, &st);
+                pthread_mutex_unlock(&in->lock);
+        }
+        note_inode(fs, nl, in);
+        pthread_mutex_unlock(&fs->itable_lock);
+}
+
+/* NEO's config.file, open as fd and locked (flock) by us: its count is rewritten in place with the true
+ * one, as NEO would count it. In place, not removed for NEO to recount: a NEO process opens config.file
+ * before it waits for the lock, and one whose file was removed meanwhile fails its store ("Cache
+ * failure"), as does a recount that meets a file evicted under it (NEO stats each file it lists). Since
+ * NEO opens it before locking, its pages may be in the kernel's cache from before our write: bookkeeping
+ * files are opened direct_io (kfs_inode.bookkeeping), so NEO's pread after the lock comes here. */
+static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
+{
+        size_t v = (size_t)tree_size(KFS_RT_NEO, dfd, 0); /* NEO's format: one native size_t */
+        if (pwrite(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
+                remove_noted(fs, dfd, "config.file", fd, nl); /* not writable: removed, NEO then recounts */
+        else
+                note_rewritten(fs, fd, nl);
+}
+
 /* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
  * protocol. Returns false if the runtime holds the lock now (try again later).
- *   NEO:  unlink config.file under flock(); NEO then recreates it and recounts the directory.
+ *   NEO:  rewrite config.file's count with the true one under its flock (neo_rewrite).
  *   SYCL: rewrite cache_size.txt with the true size while holding cache_size.txt.lock (created O_EXCL, as
  *         SYCL does). Rewriting, not removing: a missing file makes SYCL recount by walking a tree that
  *         eviction may be changing under it. */
@@ -731,7 +776,7 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                 int fd = openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
-                                remove_noted(fs, dfd, "config.file", nl);
+                                neo_rewrite(fs, dfd, fd, nl);
                         else
                                 done = false;
                         close(fd); /* releases the lock */
@@ -742,22 +787,13 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                         int fd = openat(dfd, "cache_size.txt", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
                         if (fd >= 0) {
                                 char v[32];
-                                int n = snprintf(v, sizeof(v), "%llu", (unsigned long long)tree_size(dfd, 0));
-                                struct stat st;
-                                if (write(fd, v, (size_t)n) != n) {
-                                        /* a short write leaves a number SYCL rejects: remove it instead */
-                                        close(fd);
-                                        fd = -1;
-                                        remove_noted(fs, dfd, "cache_size.txt", nl);
-                                } else if (fstat(fd, &st) == 0) {
-                                        /* written behind the kernel's back: drop its cached pages and size
-                                         * (the next open sees the new size and mtime, so no keep_cache) */
-                                        pthread_mutex_lock(&fs->itable_lock);
-                                        note_inode(fs, nl, kfs_inode_find_locked(fs, st.st_ino));
-                                        pthread_mutex_unlock(&fs->itable_lock);
-                                }
-                                if (fd >= 0)
-                                        close(fd);
+                                int n = snprintf(v, sizeof(v), "%llu",
+                                                 (unsigned long long)tree_size(KFS_RT_SYCL, dfd, 0));
+                                if (write(fd, v, (size_t)n) != n) /* a short write leaves a number SYCL rejects */
+                                        remove_noted(fs, dfd, "cache_size.txt", fd, nl);
+                                else
+                                        note_rewritten(fs, fd, nl);
+                                close(fd);
                         }
                         close(lk);
                         unlinkat(dfd, "cache_size.txt.lock", 0);
@@ -774,9 +810,9 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
  * LOCK_NB only wins in the instant between one holder and the next, which under a busy NEO may never
  * come, and NEO's count would then stay inflated (and NEO refuse to store) for as long as it is busy.
  * So a NEO repair that found the lock held is handed to this thread, which queues for the lock like
- * NEO's own processes and, once it holds it, removes config.file under evict_lock (the lock order is
- * the flock, then evict_lock; eviction itself never waits for a flock). Stopped by kfs_evict_stop(),
- * which interrupts a wait with KFS_WAKE_SIGNAL. */
+ * NEO's own processes and, once it holds it, rewrites config.file's count under evict_lock (the lock
+ * order is the flock, then evict_lock; eviction itself never waits for a flock). Stopped by
+ * kfs_evict_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. */
 
 static void drop_repair_locked(struct kfs *fs, enum kfs_rt rt, const char *dir)
 {
@@ -809,7 +845,7 @@ static void *repairer_main(void *arg)
                 pthread_mutex_lock(&fs->evict_lock);
                 if (!fs->evict_stop && (locked || fd < 0)) {
                         if (locked)
-                                remove_noted(fs, dfd, "config.file", &nl);
+                                neo_rewrite(fs, dfd, fd, &nl);
                         drop_repair_locked(fs, KFS_RT_NEO, dir);
                 }
                 pthread_mutex_unlock(&fs->evict_lock);

@@ -121,11 +121,12 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         }
         pthread_mutex_unlock(&fs->itable_lock);
 
-        if (fd < 0) {
+        bool by_name = fd < 0;
+        struct stat check;
+        if (by_name) {
                 fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0)
                         return -errno;
-                struct stat check;
                 if (fstatat(fd, "", &check, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 || check.st_ino != st->st_ino) {
                         close(fd);
                         return -ESTALE; /* the name was replaced between stat and open: the caller retries */
@@ -138,6 +139,7 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         }
         n->fd = fd;
         init_from_stat(fs, n, st);
+        n->bookkeeping = S_ISREG(st->st_mode) && (!strcmp(name, "config.file") || !strcmp(name, "cache_size.txt"));
         n->nlookup = 1;
 
         pthread_mutex_lock(&fs->itable_lock);
@@ -152,11 +154,19 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
                 return -ENOMEM;
         }
         pthread_mutex_unlock(&fs->itable_lock);
+        /* Eviction (or a repair) may have removed the file between our stat and the insert: it then found
+         * no inode of ours to mark evicted, and a dentry to this one would open the removed file for as
+         * long as the kernel keeps it. A removal after the insert finds it in the table and marks it. */
+        bool removed = by_name && S_ISREG(st->st_mode) && (fstat(fd, &check) < 0 || check.st_nlink == 0);
         if (in) {
                 pthread_mutex_destroy(&n->lock);
                 close(fd);
                 free(n);
                 n = in;
+        }
+        if (removed) {
+                kfs_inode_unref(fs, n, 1);
+                return -ESTALE; /* the caller looks the name up again */
         }
         *ret = n;
         return 0;

@@ -98,6 +98,9 @@ struct kfs_inode {
         _Atomic bool evicted;     /* eviction removed it: path-based requests get ESTALE (evict.c);
                                      set under fs->itable_lock */
         bool unlinked;            /* no name left: not accounted any more; lock */
+        bool bookkeeping;         /* a runtime's size file that eviction rewrites behind the kernel's back
+                                     (NEO's config.file, SYCL's cache_size.txt): opened direct_io, so that
+                                     no read is served from pages cached before a rewrite; immutable */
         pthread_mutex_t lock;
         uint64_t alloc;           /* allocated bytes, as the index holds them; lock */
         uint64_t size;            /* st_size at the last fstat; lock */
@@ -209,8 +212,13 @@ void kfs_wake_signal_init(void);
 void kfs_fix_attr(const struct kfs_inode *in, struct stat *st);
 /* Looks dir/name up, takes a lookup reference, and fills e. -errno on failure. */
 int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struct fuse_entry_param *e);
-/* With allow_other and a root daemon, gives a new object to the caller (uid, and gid unless setgid dir). */
-int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name);
+/* The entry of the file open as fd, which this request made as dir/name and fstat()ed into st, without
+ * looking the name up again: eviction or a repair may have removed or replaced it since. */
+int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int fd, const struct stat *st,
+                    struct fuse_entry_param *e);
+/* With allow_other and a root daemon, gives a new object to the caller (uid, and gid unless setgid dir):
+ * the file open as fd, or dir/name when fd is -1. */
+int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name, int fd);
 int kfs_parse_size(const char *s, uint64_t *ret);
 int kfs_parse_pins(const char *s, char ***ret);
 /* Parses ARGS into O (operands: the backing directory; -o options; -h, -V). -EINVAL on a bad option. */

@@ -30,6 +30,15 @@ void kfs_fix_attr(const struct kfs_inode *in, struct stat *st)
         }
 }
 
+/* e->attr holds in's backing stat; in has the lookup reference e gives the kernel. */
+static void fill_entry(struct kfs *fs, struct kfs_inode *in, struct fuse_entry_param *e)
+{
+        kfs_fix_attr(in, &e->attr);
+        atomic_store(&in->attr_cached, true);
+        e->ino = (fuse_ino_t)(uintptr_t)in;
+        e->attr_timeout = e->entry_timeout = fs->o.timeout;
+}
+
 int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struct fuse_entry_param *e)
 {
         if (kfs_hidden(fs, dir, name))
@@ -46,12 +55,30 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                         continue;
                 if (r < 0)
                         return r;
-                kfs_fix_attr(in, &e->attr);
-                atomic_store(&in->attr_cached, true);
-                e->ino = (fuse_ino_t)(uintptr_t)in;
-                e->attr_timeout = e->entry_timeout = fs->o.timeout;
+                fill_entry(fs, in, e);
                 return 0;
         }
+}
+
+int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int fd, const struct stat *st,
+                    struct fuse_entry_param *e)
+{
+        char proc[64];
+        kfs_proc_path(proc, sizeof(proc), fd);
+        int pfd = open(proc, O_PATH | O_CLOEXEC); /* the same inode, whatever its name holds now */
+        if (pfd < 0)
+                return -errno;
+        memset(e, 0, sizeof(*e));
+        e->attr = *st;
+        struct kfs_inode *in;
+        int r = kfs_inode_ref(fs, dir->fd, name, st, pfd, &in);
+        if (r < 0)
+                return r;
+        fill_entry(fs, in, e);
+        struct stat now;
+        if (fstat(fd, &now) == 0 && now.st_nlink == 0)
+                e->entry_timeout = 0; /* removed already (see kfs_inode_ref): the kernel must not keep the name */
+        return 0;
 }
 
 void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -202,7 +229,7 @@ void kfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
         }
 }
 
-int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name)
+int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name, int fd)
 {
         (void)fs;
         if (geteuid() != 0)
@@ -214,7 +241,8 @@ int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const c
         if (kfs_fstat_inode(dir, &ds) < 0)
                 return -errno;
         gid_t g = ds.st_mode & S_ISGID ? (gid_t)-1 : c->gid; /* a setgid directory decides the group */
-        return fchownat(dir->fd, name, c->uid, g, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+        int r = fd >= 0 ? fchown(fd, c->uid, g) : fchownat(dir->fd, name, c->uid, g, AT_SYMLINK_NOFOLLOW);
+        return r < 0 ? -errno : 0;
 }
 
 static enum kidx_type kidx_type_of(mode_t m)
@@ -243,7 +271,7 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
                 fuse_reply_err(req, errno);
                 return;
         }
-        r = kfs_set_owner(fs, req, dir, name);
+        r = kfs_set_owner(fs, req, dir, name, -1);
         struct stat st;
         if (r == 0 && fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 r = -errno;

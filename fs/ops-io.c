@@ -125,7 +125,8 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 goto fail;
         }
         fi->keep_cache = keep && !pt;
-        fi->direct_io = pt && writer; /* a writer of a passthrough inode: writes still come to us */
+        /* a writer of a passthrough inode: writes still come to us; a size file we rewrite: reads too */
+        fi->direct_io = pt ? writer : in->bookkeeping;
         fi->noflush = 1; /* writes reach the backing file at once: close() has nothing to flush */
         fi->fh = h ? (uint64_t)(uintptr_t)h | KFS_FH_LAZY : (uint64_t)fd | (pt ? KFS_FH_PT : 0);
         log_open(req, fs, in, ino);
@@ -173,7 +174,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 return;
         }
         int flags = (fi->flags & ~(O_NOCTTY)) | O_CLOEXEC | O_NOFOLLOW;
-        bool created = true;
+        bool created = true, indexed = false;
         int fd = openat(dir->fd, name, flags | O_CREAT | O_EXCL, mode);
         if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
                 created = false; /* it appeared since the kernel's lookup: open it as it is */
@@ -183,18 +184,25 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 fuse_reply_err(req, errno);
                 return;
         }
-        int r = created ? kfs_set_owner(fs, req, dir, name) : 0;
         struct stat st;
-        if (r == 0 && fstat(fd, &st) < 0)
-                r = -errno;
+        ino_t made = 0; /* the inode this request created, for the undo */
+        int r = fstat(fd, &st) < 0 ? -errno : 0;
+        if (r == 0 && created) {
+                made = st.st_ino;
+                if ((r = kfs_set_owner(fs, req, dir, name, fd)) == 0 && fstat(fd, &st) < 0)
+                        r = -errno; /* st: with its new owner */
+        }
         if (r < 0)
                 goto fail;
         if (created) {
                 kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
                 kidx_add_dent(fs->idx, dir->bino, name, st.st_ino, KIDX_REG);
+                indexed = true;
         }
+        /* The entry of the file opened here, not of what the name holds by now: eviction, or a runtime
+         * repair (NEO's config.file), may already have removed it, and the caller still gets its file. */
         struct fuse_entry_param e;
-        r = kfs_do_lookup(fs, dir, name, &e);
+        r = kfs_entry_of_fd(fs, dir, name, fd, &st, &e);
         if (r < 0)
                 goto fail;
         struct kfs_inode *in = kfs_inode_get(fs, e.ino);
@@ -205,7 +213,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         if (!created)
                 log_open(req, fs, in, e.ino);
         fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
-        fi->direct_io = pt != 0;
+        fi->direct_io = pt != 0 || in->bookkeeping;
         fi->noflush = 1;
         kfs_pt_reply_next(pt);
         r = fuse_reply_create(req, &e, fi);
@@ -217,8 +225,16 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         }
         return;
 fail:
-        if (created)
-                unlinkat(dir->fd, name, 0);
+        if (made) { /* undo the create, if the name still is ours (see kfs_entry_of_fd) */
+                struct stat now;
+                if (fstatat(dir->fd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == made) {
+                        unlinkat(dir->fd, name, 0);
+                        if (indexed) {
+                                kidx_del_dent(fs->idx, dir->bino, name);
+                                kidx_del_file(fs->idx, made, (uint64_t)st.st_blocks * 512);
+                        }
+                }
+        }
         close(fd);
         fuse_reply_err(req, -r);
 }
