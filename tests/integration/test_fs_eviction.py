@@ -152,10 +152,13 @@ def _writer(mnt, wid, stop_at, q):
         size = rnd.choice([16, 64, 200, 333]) * K
         name = os.path.join(mnt, f"w{wid}-{n}")
         try:
-            with open(name + ".tmp", "wb") as f:
+            # A temporary name the daemon knows as in flight (*.temp), as the runtimes' are: with grace_ms=0
+            # a generic name could be evicted between close and rename when this process is descheduled for
+            # longer than the cache takes to turn over (~60 ms), which a loaded CI machine did (ENOENT).
+            with open(name + ".temp", "wb") as f:
                 for off in range(0, size, 32 * K):
                     f.write(b"w" * min(32 * K, size - off))
-            os.rename(name + ".tmp", name)
+            os.rename(name + ".temp", name)
         except OSError as e:
             errors.append(e.errno)
         n += 1
@@ -196,9 +199,9 @@ def _small_publisher(mnt, wid, n, q):
     for i in range(n):
         name = os.path.join(mnt, f"p{wid}-{i}")
         try:
-            with open(name + ".tmp", "wb") as f:
+            with open(name + ".temp", "wb") as f:  # in flight, as in _writer
                 f.write(bytes([wid]) * (16 * K))
-            os.rename(name + ".tmp", name)
+            os.rename(name + ".temp", name)
         except OSError as e:
             errs.append(e.errno)
     q.put(errs)
