@@ -660,8 +660,8 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
 
 /* Removes dir/name (bookkeeping the daemon repairs) as eviction removes files: index, stale inode, kernel.
  * Only if the name still is fd's file: fd is the one the repair locked or wrote, and the runtime may have
- * replaced the file since (NEO: another repair removed it and a NEO process created a new one, which it
- * is creating or counting into now; removing that one by name failed the NEO process's create). */
+ * made a new file under the name since (when NEO's repair removed config.file, a removal that raced with
+ * another took the new file from under the NEO process creating it, whose create then failed). */
 static void remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, struct notify_list *nl)
 {
         struct stat st, ds;
