@@ -736,9 +736,10 @@ static void note_rewritten(struct kfs *fs, int fd, struct notify_list *nl)
                 return;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
-        if (in) { /* opens after this one see a new size and mtime, and get no keep_cache */
+        if (in) {
                 pthread_mutex_lock(&in->lock);
-                kfs_inode_account_locked(fs, in, &st);
+                kfs_inode_account_locked(fs, in, &st); /* T3: its bytes, as the index must hold them */
+                in->cache_ok = false; /* size and mtime are current now: the next open keeps no pages */
                 pthread_mutex_unlock(&in->lock);
         }
         note_inode(fs, nl, in);
