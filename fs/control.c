@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kfs.h"
 
@@ -220,7 +221,12 @@ int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                 return r;
         }
         if (!strcmp(n, "evict")) {
-                int r = kfs_evict_ino(fs, in->bino);
+                /* A file its last user has just closed counts as open until the kernel's RELEASE, which
+                 * comes after that close() returned (as for flocks, flock.c): a busy file is tried again
+                 * for a moment (255 ms at most) before the answer is EBUSY. */
+                int r;
+                for (unsigned ms = 1; (r = kfs_evict_ino(fs, in->bino)) == -EBUSY && ms <= 128; ms *= 2)
+                        usleep(ms * 1000);
                 kfs_reap_drain(fs);
                 return r;
         }
