@@ -189,7 +189,8 @@ static int kc_stats(int argc, char **argv)
                         { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
                         { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
                         { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
-                        { "helped_writes", "counter" },
+                        { "helped_writes", "counter" }, { "blocked_writes", "counter" },
+                        { "background_evictions", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -211,9 +212,12 @@ static int kc_stats(int argc, char **argv)
                 kc_human(kc_num(mount, "evicted_bytes"), e, sizeof(e));
                 printf("mount       %s\nlimit       %s\nused        %s (%.1f%%)\nfree        %s\n"
                        "files       %" PRIu64 "\nhits        %" PRIu64 " opens, %s served by the daemon\n"
-                       "evictions   %" PRIu64 " files, %s\nrebuilds    %" PRIu64 "\n",
+                       "evictions   %" PRIu64 " files, %s; %" PRIu64 " in the background, %" PRIu64
+                       " writes waited for one\nrebuilds    %" PRIu64 "\n",
                        mount, a, b, max ? 100.0 * (double)used / (double)max : 0.0, c, kc_num(mount, "files"),
-                       kc_num(mount, "opens"), d, kc_num(mount, "evicted_files"), e, kc_num(mount, "rebuilds"));
+                       kc_num(mount, "opens"), d, kc_num(mount, "evicted_files"), e,
+                       kc_num(mount, "background_evictions"), kc_num(mount, "blocked_writes"),
+                       kc_num(mount, "rebuilds"));
                 char pt[256];
                 if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0 && !strcmp(pt, "on"))
                         printf("reads       kernel passthrough (%" PRIu64 " opens)\n", kc_num(mount, "passthrough_opens"));

@@ -17,11 +17,16 @@
  * max_size whatever runs at once. After the operation the real st_blocks replaces the estimate. ENOSPC from
  * the backing filesystem itself (a disk smaller than max_size, or shared) also evicts, then retries once.
  *
- * HOW FAR. Starting eviction is costly (flush the index, query it), so once it starts it goes down to the
- * low watermark (default 90% of max_size): a cache that is full stays writable for a while without
- * evicting on every write. The request that crossed the limit first frees what it needs itself, then
- * takes its reservation, then goes on to the watermark (it returns when the watermark is reached). If the
- * watermark cannot be reached, eviction still frees what it can.
+ * HOW FAR, AND BY WHOM. A write should not wait for an eviction at all. So eviction runs ahead of the
+ * writes, on a thread of its own (the descent): once used plus reserved bytes pass the high mark, halfway
+ * between the low watermark (default 90% of max_size) and max_size, the write that passed it kicks the
+ * descent and goes on; the descent evicts down to the low watermark, batch by batch, and sleeps until the
+ * next kick. A cache filled at any rate the descent keeps up with never reaches its limit, and no write
+ * waits. Only a write that would cross max_size itself (the descent fell behind, or -o low_watermark=100
+ * leaves no room between them) evicts in line, and only what it needs; blocked_writes counts those. A
+ * descent that cannot get below the high mark (young, open or pinned files) is not kicked again for the
+ * grace period, so a cache full of files in use is not flushed and walked on every write. Starting an
+ * eviction is costly (flush the index, query it), which is why each descent goes all the way down.
  *
  * COST. Victims are read from the index in LRU order with a cursor, so a long eviction never re-reads
  * what it has passed. Beyond what the crossing request needs, eviction works in batches of BATCH_VICTIMS
@@ -622,6 +627,18 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                         kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
                 return 0;
         }
+        /* Victims are the least recently used files, so their names and inodes are the ones least likely
+         * to be in the kernel's caches: the lookup reads them from the disk (5-20 ms on a busy disk in
+         * bench/big). That happens here, outside itable_lock, which every open and lookup takes; under
+         * it, remove_member_locked() looks the names up again, from the dentry cache. */
+        for (size_t k = 0, j = 0; k < u->count; k++) {
+                struct victim *v = &vs->v[u->first + k];
+                for (size_t i = 0; i < v->nnames; i++, j++) {
+                        struct stat st;
+                        if (fds[j] >= 0)
+                                (void)fstatat(fds[j], v->names[i].name, &st, AT_SYMLINK_NOFOLLOW);
+                }
+        }
         pthread_mutex_lock(&fs->itable_lock);
         bool open = false;
         for (size_t k = 0; k < u->count && !open; k++)
@@ -879,10 +896,14 @@ void kfs_evict_stop(struct kfs *fs)
         bool started = fs->repairer_started;
         pthread_cond_broadcast(&fs->repair_cond);
         pthread_mutex_unlock(&fs->evict_lock);
-        if (fs->shrinker_started) {
-                pthread_join(fs->shrinker, NULL);
-                fs->shrinker_started = false;
-        }
+        pthread_mutex_lock(&fs->space_lock);
+        fs->descent.stop = true;
+        pthread_cond_broadcast(&fs->descent.cond);
+        bool descending = fs->descent.started;
+        fs->descent.started = false; /* no more kicks */
+        pthread_mutex_unlock(&fs->space_lock);
+        if (descending)
+                pthread_join(fs->descent.thread, NULL);
         while (started) { /* a signal may come before the flock starts waiting: repeat until it ends */
                 pthread_kill(fs->repairer, KFS_WAKE_SIGNAL);
                 struct timespec ts = kfs_deadline_ms(10);
@@ -923,6 +944,8 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
 
 /* space_lock held. */
 static bool try_reserve_locked(struct kfs *fs, uint64_t bytes);
+static void descent_kick_locked(struct kfs *fs, uint64_t used, bool force);
+static bool descent_started_locked(struct kfs *fs);
 
 /* A write waiting for room while another request's eviction runs (HELPING). */
 struct space_wait {
@@ -995,15 +1018,18 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         return freed;
 }
 
-/* Evicts down to target in batches of BATCH_VICTIMS, taking evict_lock for one batch at a time so that
- * no writer waits longer than one batch (COST). Continues the LRU walk at *cursor. */
+/* Evicts until used plus reserved bytes are down to target (the reserved ones are about to be used), in
+ * batches of BATCH_VICTIMS, taking evict_lock for one batch at a time so that no writer waits longer
+ * than one batch (COST). Continues the LRU walk at *cursor. */
 static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace)
 {
         int64_t total = 0;
         for (;;) {
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->evict_lock);
-                uint64_t used = kidx_used(fs->idx);
+                pthread_mutex_lock(&fs->space_lock);
+                uint64_t used = kidx_used(fs->idx) + fs->reserved;
+                pthread_mutex_unlock(&fs->space_lock);
                 int64_t freed = used > target && !fs->evict_stop
                                         ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false)
                                         : 0;
@@ -1022,13 +1048,35 @@ static uint64_t low_watermark_bytes(struct kfs *fs)
         return fs->o.max_size / 100 * fs->o.low_watermark + fs->o.max_size % 100 * fs->o.low_watermark / 100;
 }
 
-/* space_lock held: does a request of bytes fit now? Reserves it if so. */
+static uint64_t high_mark_bytes(struct kfs *fs)
+{
+        uint64_t low = low_watermark_bytes(fs);
+        return low + (fs->o.max_size - low) / 2;
+}
+
+/* space_lock held. used: used plus reserved bytes. Wakes the descent if they are past the high mark and
+ * it is not running already (HOW FAR). force: even within the quiet period after a descent that could
+ * not get below the high mark (a write had to evict in line: worth a look). */
+static void descent_kick_locked(struct kfs *fs, uint64_t used, bool force)
+{
+        if (fs->descent.kicked || fs->descent.running || fs->descent.stop || used <= high_mark_bytes(fs) ||
+            fs->o.low_watermark == 100 || (!force && kfs_now_ns() < fs->descent.quiet_until))
+                return;
+        fs->descent.kicked = true;
+        if (!descent_started_locked(fs))
+                fs->descent.kicked = false; /* writes that reach the limit evict in line meanwhile */
+        pthread_cond_signal(&fs->descent.cond);
+}
+
+/* space_lock held: does a request of bytes fit now? Reserves it if so, and kicks the descent if that
+ * takes the cache past the high mark. */
 static bool try_reserve_locked(struct kfs *fs, uint64_t bytes)
 {
         uint64_t used = kidx_used(fs->idx);
         if (used + fs->reserved + bytes > fs->o.max_size)
                 return false;
         fs->reserved += bytes;
+        descent_kick_locked(fs, used + fs->reserved, false);
         return true;
 }
 
@@ -1059,6 +1107,7 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         pthread_mutex_unlock(&fs->space_lock);
         if (ok)
                 return 0;
+        atomic_fetch_add(&fs->blocked_writes, 1);
 
         /* Slow path. An eviction running now may grant this request room as it goes (HELPING); otherwise,
          * under evict_lock and with new reservations held back (FAIRNESS), free what this request needs,
@@ -1115,9 +1164,12 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);
 
-        /* Then, with this request served and other writers free to go, on down to the low watermark. */
-        if (evicted)
-                evict_down_to(fs, low_watermark_bytes(fs), &cursor, true);
+        /* The rest, down to the low watermark, is the descent's (HOW FAR). */
+        if (evicted) {
+                pthread_mutex_lock(&fs->space_lock);
+                descent_kick_locked(fs, kidx_used(fs->idx) + fs->reserved, true);
+                pthread_mutex_unlock(&fs->space_lock);
+        }
         return r;
 }
 
@@ -1141,21 +1193,60 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
         return evict_down_to(fs, target, &cursor, grace);
 }
 
-/* A cache over its limit at mount (remounted with a smaller max_size) goes down in the background,
- * batch by batch like any eviction, while the mount serves; kfs_evict_stop() ends it between batches. */
-static void *shrinker_main(void *arg)
+/* The descent (HOW FAR): kicked past the high mark, it evicts down to the low watermark, batch by batch
+ * like any eviction, while writes go on; kfs_evict_stop() ends it between batches. A cache over its
+ * limit at mount (remounted with a smaller max_size) goes down the same way. */
+static void *descent_main(void *arg)
 {
         struct kfs *fs = arg;
-        int64_t freed = kfs_evict_to(fs, low_watermark_bytes(fs), true);
-        if (freed < 0)
-                fprintf(stderr, "kcachefs: bringing the cache down to its new limit failed: %s\n", strerror((int)-freed));
+        pthread_mutex_lock(&fs->space_lock);
+        while (!fs->descent.stop) {
+                if (!fs->descent.kicked) {
+                        pthread_cond_wait(&fs->descent.cond, &fs->space_lock);
+                        continue;
+                }
+                fs->descent.kicked = false;
+                fs->descent.running = true;
+                pthread_mutex_unlock(&fs->space_lock);
+                int64_t freed = kfs_evict_to(fs, low_watermark_bytes(fs), true);
+                if (freed < 0)
+                        fprintf(stderr, "kcachefs: evicting down to the low watermark failed: %s\n", strerror((int)-freed));
+                atomic_fetch_add(&fs->descent.runs, 1);
+                pthread_mutex_lock(&fs->space_lock);
+                fs->descent.running = false;
+                if (kidx_used(fs->idx) + fs->reserved > high_mark_bytes(fs)) /* what is left cannot go yet */
+                        fs->descent.quiet_until = kfs_now_ns() + (int64_t)(fs->o.grace_ms > 100 ? fs->o.grace_ms : 100) * 1000000;
+        }
+        pthread_mutex_unlock(&fs->space_lock);
         return NULL;
 }
 
-void kfs_evict_start_shrink(struct kfs *fs)
+/* space_lock held. The thread starts at its first kick: a mount that never fills its cache has none,
+ * and one that cannot start it now (a tasks limit) tries again a second later. */
+static bool descent_started_locked(struct kfs *fs)
 {
-        if (kidx_used(fs->idx) > fs->o.max_size)
-                fs->shrinker_started = pthread_create(&fs->shrinker, NULL, shrinker_main, fs) == 0;
+        if (fs->descent.started)
+                return true;
+        int e = pthread_create(&fs->descent.thread, NULL, descent_main, fs);
+        fs->descent.started = e == 0;
+        if (e) {
+                fprintf(stderr, "kcachefs: no thread for background eviction (%s): writes that reach the limit evict "
+                                "in line\n", strerror(e));
+                fs->descent.quiet_until = kfs_now_ns() + 1000000000LL;
+        }
+        return fs->descent.started;
+}
+
+void kfs_evict_start(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->space_lock);
+        uint64_t used = kidx_used(fs->idx);
+        if (used > fs->o.max_size && fs->o.low_watermark == 100 && descent_started_locked(fs)) {
+                fs->descent.kicked = true; /* over a smaller limit: down to it, even without a margin */
+                pthread_cond_signal(&fs->descent.cond);
+        }
+        descent_kick_locked(fs, used, false);
+        pthread_mutex_unlock(&fs->space_lock);
 }
 
 int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)

@@ -170,9 +170,16 @@ struct kfs {
         pthread_cond_t repair_cond; /* a NEO repair waits: wakes the repairer; with evict_lock */
         pthread_t repairer;         /* takes NEO's flock blocking, queued like NEO's own processes */
         bool repairer_started;      /* evict_lock */
-        bool evict_stop;            /* unmounting: the repairer and the shrinker end; evict_lock */
-        pthread_t shrinker;         /* brings a cache found over its limit at mount down (evict.c) */
-        bool shrinker_started;
+        bool evict_stop;            /* unmounting: the repairer and the descent end; evict_lock */
+        struct {                    /* the background descent to the low watermark (evict.c, HOW FAR) */
+                pthread_t thread;
+                pthread_cond_t cond;    /* kicked, or stopping; with space_lock */
+                bool started, kicked, running, stop; /* space_lock */
+                int64_t quiet_until;    /* no kick before this (ns): the last descent stayed above the high
+                                         * mark (young, open or pinned files); space_lock */
+                _Atomic uint64_t runs;  /* descents since mount */
+        } descent;
+        _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */
         pthread_mutex_t evict_lock; /* one eviction at a time */
         struct {                    /* closes evicted files' last fds, which frees their blocks (reap.c) */
                 pthread_mutex_t lock;
@@ -259,11 +266,11 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino);
 bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
 /* Frees eviction's own state (repairs still pending are forgotten: the next mount's evictions redo them). */
 void kfs_evict_free(struct kfs *fs);
-/* Stops the repairer and shrinker threads (before the index and the session go). */
+/* Stops the repairer and the descent threads (before the index and the session go). */
 void kfs_evict_stop(struct kfs *fs);
-/* After the mount: if the cache is over max_size (remounted with a smaller one), evicts down to the low
- * watermark in the background. */
-void kfs_evict_start_shrink(struct kfs *fs);
+/* After the mount: starts the background descent, and kicks it if the cache is above its high mark
+ * already (remounted with a smaller max_size). */
+void kfs_evict_start(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 

@@ -40,7 +40,8 @@ static void usage(const char *prog)
                "\n"
                "kcachefs options:\n"
                "    -o max_size=SIZE        size limit, bytes or with K/M/G/T (powers of 1024); default %s\n"
-               "    -o low_watermark=PCT    eviction frees down to PCT%% of max_size; default %d\n"
+               "    -o low_watermark=PCT    eviction frees down to PCT%% of max_size, in the background\n"
+               "                            from halfway between it and max_size on; default %d\n"
                "    -o pin=GLOB[:GLOB...]   never evict matching files (a GLOB with '/' matches the path\n"
                "                            relative to the cache root, one without matches the name);\n"
                "                            default %s\n"
@@ -352,6 +353,7 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->reap.lock, NULL);
         pthread_cond_init(&fs->reap.cond, NULL);
         pthread_cond_init(&fs->repair_cond, NULL);
+        pthread_cond_init(&fs->descent.cond, NULL);
         pthread_mutex_init(&fs->flock.lock, NULL);
         pthread_cond_init(&fs->flock.cond, NULL);
         kmap_init(&fs->itable);
@@ -438,7 +440,7 @@ int main(int argc, char *argv[])
         }
         detached_ready(ready_fd);
         ready_fd = -1;
-        kfs_evict_start_shrink(&fs);
+        kfs_evict_start(&fs);
 
         if (cmd.singlethread) {
                 ret = fuse_session_loop(fs.se);

@@ -4,8 +4,8 @@
  * close is the file's last reference, and that close frees its blocks: ext4 releases its extents and,
  * mounted with -o discard (as this machine's root is), waits for the device to discard them
  * (blkdev_issue_discard under ext4_free_blocks): in perf of the daemon evicting 1,000 files, those
- * closes were 31% of its samples. Eviction runs inside the write that needs room, under evict_lock, so
- * every concurrent writer waited for those discards too. A thread of its own now does these closes:
+ * closes were 31% of its samples. A write that needs room evicts in line, under evict_lock (evict.c, HOW
+ * FAR), so every concurrent writer waited for those discards too. A thread of its own now does these closes:
  * bench/big's 4000 KiB write that evicts 1,000 files took 89 and 117 ms before, 64 to 80 ms after.
  *
  * WHAT LAGS. The index counts the bytes as freed when the file is unlinked, so the limit (max_size) is

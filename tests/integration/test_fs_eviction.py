@@ -24,29 +24,55 @@ def read_file(path):
         return f.read()
 
 
+def counter(m, name):
+    return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
+
+
 def test_evicts_exactly_the_least_recently_used(kfs):
-    # 10 files of 64 KiB, then read in a scripted order; a 512 KiB write needs room. With the low
-    # watermark at 30% of 1 MiB, eviction must go down to 307.2 KiB: six victims, the first six read.
-    # (grace_ms=0: this checks the LRU order itself; test_grace_* checks the grace period.)
-    m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "0"})
+    # 10 files of 64 KiB, then read in a scripted order; a 256 KiB write takes the cache past its high
+    # mark (halfway between the low watermark, 60% of 1 MiB, and the limit: 819.2 KiB) without reaching
+    # the limit. The write does not wait: the background descent evicts down to 614.4 KiB, five victims,
+    # the first five read. (grace_ms=0: this checks the LRU order itself; test_grace_* the grace period.)
+    m = kfs({"max_size": "1M", "low_watermark": "60", "grace_ms": "0"})
     make_files(m, 10, 64 * K)
     order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
     for i in order:
         read_file(m.path(f"f{i}"))
     assert len(os.listdir(m.mnt)) == 10  # the kernel now caches this listing
+    assert counter(m, "background_evictions") == 0  # 640 KiB: below the high mark
     with open(m.path("big"), "wb") as f:
-        f.write(b"B" * 512 * K)
+        f.write(b"B" * 256 * K)
+    wait_for(lambda: counter(m, "background_evictions") >= 1, what="the descent")
+    assert counter(m, "blocked_writes") == 0  # no write waited: the limit was never reached
     gone = {i for i in range(10) if not os.path.exists(m.path(f"f{i}"))}
-    assert gone == set(order[:6])
-    assert sorted(os.listdir(m.mnt)) == sorted(["big"] + [f"f{i}" for i in order[6:]])
+    assert gone == set(order[:5])
+    assert sorted(os.listdir(m.mnt)) == sorted(["big"] + [f"f{i}" for i in order[5:]])
     # The kernel was told: no stale dentry, and the backing files are really gone.
-    for i in order[:6]:
+    for i in order[:5]:
         with pytest.raises(FileNotFoundError):
             os.stat(m.path(f"f{i}"))
         assert not os.path.exists(os.path.join(m.backing, f"f{i}"))
-    for i in order[6:]:
+    for i in order[5:]:
         assert read_file(m.path(f"f{i}")) == bytes([i]) * 64 * K
-    assert m.used() == 4 * 64 * K + 512 * K
+    assert m.used() == 5 * 64 * K + 256 * K
+
+
+def test_a_write_past_the_limit_evicts_in_line_only_what_it_needs(kfs):
+    # The same scene, but one write of 512 KiB would cross the limit itself: it frees what it needs in
+    # LRU order (two files) before it goes on, and the descent takes the cache on down to the low
+    # watermark (30%: 307.2 KiB) afterwards. The write's own file is the newest, and open: it stays.
+    m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "0"})
+    make_files(m, 10, 64 * K)
+    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
+    for i in order:
+        read_file(m.path(f"f{i}"))
+    with open(m.path("big"), "wb") as f:
+        f.write(b"B" * 512 * K)
+        assert counter(m, "blocked_writes") >= 1
+        wait_for(lambda: counter(m, "background_evictions") >= 1, what="the descent")
+        assert os.listdir(m.mnt) == ["big"]  # every small file went; big is open for writing
+        assert m.used() == 512 * K
+    assert read_file(m.path("big")) == b"B" * 512 * K
 
 
 def test_atimes_follow_the_access_order_on_noatime(kfs):
@@ -295,8 +321,8 @@ def test_sigkill_during_writes_then_remount_is_consistent(kfs):
 
 
 def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
-    # Same scene with a grace period of 300 ms: the write frees only what it needs (2 files, LRU first),
-    # and the watermark eviction stops at files used within the grace period.
+    # A write that crosses the limit with a grace period of 300 ms: it frees only what it needs (2 files,
+    # LRU first), and the descent after it stops at files used within the grace period.
     m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "300"})
     make_files(m, 10, 64 * K)
     order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
@@ -304,13 +330,17 @@ def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
         read_file(m.path(f"f{i}"))
     with open(m.path("big"), "wb") as f:
         f.write(b"B" * 512 * K)
+    wait_for(lambda: counter(m, "background_evictions") >= 1, what="the descent")
     gone = {i for i in range(10) if not os.path.exists(m.path(f"f{i}"))}
     assert gone == set(order[:2])
     # Once they are older than the grace period, eviction goes on down to the watermark in LRU order:
-    # the eight small files, then big (512 KiB), which leaves the new file alone.
+    # big2's write frees the eight small files it needs, and the descent then big (512 KiB), which
+    # leaves the new file alone.
     time.sleep(0.35)
+    runs = counter(m, "background_evictions")
     with open(m.path("big2"), "wb") as f:
         f.write(b"C" * 512 * K)
+    wait_for(lambda: counter(m, "background_evictions") > runs, what="the descent")
     assert os.listdir(m.mnt) == ["big2"]
 
 
