@@ -256,3 +256,23 @@ def test_load_64_processes_read_hot_entries_while_eviction_runs(kfs):
     assert peak["threads"] <= 1100 and peak["rss"] < 512 * 1024, peak
     print(f"\nload: 64 readers x {seconds:.0f}s: {reads} reads, no error; {evicted} files evicted meanwhile; "
           f"daemon peak RSS {peak['rss'] / 1024:.1f} MiB, peak threads {peak['threads']}")
+
+
+def test_the_fd_table_is_sized_for_the_cache_before_serving(kfs):
+    # One O_PATH fd per inode the kernel knows. Growing a threaded process's fd table waits for an RCU
+    # grace period (about 10 ms) and stalls every thread opening an fd meanwhile; so the daemon sizes its
+    # table for the cache's files at mount, before its threads start, and a workload never grows it.
+    m = kfs({"max_size": "64M"}, start=False)
+    os.makedirs(os.path.join(m.backing, "d"))
+    for i in range(3000):
+        open(os.path.join(m.backing, "d", f"f{i}"), "w").close()
+    m.start()
+    size = _status(m.pid(), "FDSize")
+    assert size >= 3000 + 3000 // 8
+    names = os.listdir(m.path("d"))
+    held = [os.open(m.path("d", n), os.O_RDONLY) for n in names]  # the kernel knows every inode
+    try:
+        assert _status(m.pid(), "FDSize") == size
+    finally:
+        for fd in held:
+            os.close(fd)
