@@ -709,7 +709,7 @@ static bool counted(enum kfs_rt rt, const char *n)
         size_t l = strlen(n);
         if (rt == KFS_RT_NEO)
                 return l > 6 && !strcmp(n + l - 6, "_cache");
-        return strcmp(n, "cache_size.txt") && !(l > 5 && !strcmp(n + l - 5, ".lock"));
+        return strcmp(n, KFS_SYCL_SIZE_FILE) && !(l > 5 && !strcmp(n + l - 5, ".lock"));
 }
 
 /* The runtime's own count of the cache below dfd: the sizes of its counted files, down as deep as the
@@ -773,7 +773,7 @@ static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
 {
         size_t v = (size_t)tree_size(KFS_RT_NEO, dfd, 0); /* NEO's format: one native size_t */
         if (pwrite(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
-                remove_noted(fs, dfd, "config.file", fd, nl); /* not writable: removed, NEO then recounts */
+                remove_noted(fs, dfd, KFS_NEO_SIZE_FILE, fd, nl); /* not writable: removed, NEO then recounts */
         else
                 note_rewritten(fs, fd, nl);
 }
@@ -791,7 +791,7 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                 return true; /* gone: nothing to repair */
         bool done = true;
         if (rt == KFS_RT_NEO) {
-                int fd = openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                int fd = openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                                 neo_rewrite(fs, dfd, fd, nl);
@@ -800,21 +800,21 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                         close(fd); /* releases the lock */
                 }
         } else if (rt == KFS_RT_SYCL) {
-                int lk = openat(dfd, "cache_size.txt.lock", O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
+                int lk = openat(dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
                 if (lk >= 0) {
-                        int fd = openat(dfd, "cache_size.txt", O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                        int fd = openat(dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
                         if (fd >= 0) {
                                 char v[32];
                                 int n = snprintf(v, sizeof(v), "%llu",
                                                  (unsigned long long)tree_size(KFS_RT_SYCL, dfd, 0));
                                 if (write(fd, v, (size_t)n) != n) /* a short write leaves a number SYCL rejects */
-                                        remove_noted(fs, dfd, "cache_size.txt", fd, nl);
+                                        remove_noted(fs, dfd, KFS_SYCL_SIZE_FILE, fd, nl);
                                 else
                                         note_rewritten(fs, fd, nl);
                                 close(fd);
                         }
                         close(lk);
-                        unlinkat(dfd, "cache_size.txt.lock", 0);
+                        unlinkat(dfd, KFS_SYCL_SIZE_LOCK, 0);
                 } else {
                         done = errno != EEXIST;
                 }
@@ -857,7 +857,7 @@ static void *repairer_main(void *arg)
                 }
                 pthread_mutex_unlock(&fs->evict_lock);
                 int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                int fd = dfd < 0 ? -1 : openat(dfd, "config.file", O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                int fd = dfd < 0 ? -1 : openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
                 bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->evict_lock);

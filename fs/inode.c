@@ -139,7 +139,7 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         }
         n->fd = fd;
         init_from_stat(fs, n, st);
-        n->bookkeeping = S_ISREG(st->st_mode) && (!strcmp(name, "config.file") || !strcmp(name, "cache_size.txt"));
+        n->bookkeeping = S_ISREG(st->st_mode) && (!strcmp(name, KFS_NEO_SIZE_FILE) || !strcmp(name, KFS_SYCL_SIZE_FILE));
         n->nlookup = 1;
 
         pthread_mutex_lock(&fs->itable_lock);

@@ -38,6 +38,11 @@
 
 #define KFS_VERSION "0.1.0"
 /* The metadata directory in the backing root: holds the default index, never visible in the mount. */
+/* The runtimes' own records of their cache's size, which eviction repairs (evict.c, units.c). */
+#define KFS_NEO_SIZE_FILE "config.file"     /* NEO: one native size_t, under its flock */
+#define KFS_SYCL_SIZE_FILE "cache_size.txt" /* SYCL: decimal bytes, under cache_size.txt.lock */
+#define KFS_SYCL_SIZE_LOCK KFS_SYCL_SIZE_FILE ".lock"
+
 #define KFS_META_DIR ".kcachefs"
 
 enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };

@@ -63,7 +63,7 @@ static int is_base32(int c)
 /* Bookkeeping and locks: never evicted, whatever their age. */
 static bool is_bookkeeping(const char *name)
 {
-        static const char *const exact[] = { "config.file", "cache_size.txt", ".lockfile", "stats", "index" };
+        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, ".lockfile", "stats", "index" };
         for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
                 if (!strcmp(name, exact[i]))
                         return true;
@@ -342,7 +342,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                         if (exists_at(fs, dir, p))
                                 r = add_member(u, dir, p);
                 }
-                u->repair = ancestor_with(fs, dir, "cache_size.txt", 5);
+                u->repair = ancestor_with(fs, dir, KFS_SYCL_SIZE_FILE, 5);
                 u->root = dir;
                 return r;
         }
@@ -377,7 +377,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_NEO) && (neo_name(name) || f == KFS_RT_NEO)) {
                 u->rt = KFS_RT_NEO;
-                u->repair = ancestor_with(fs, dir, "config.file", 2);
+                u->repair = ancestor_with(fs, dir, KFS_NEO_SIZE_FILE, 2);
                 u->root = dir;
                 return add_member(u, dir, name);
         }
