@@ -24,9 +24,10 @@
  * next kick. A cache filled at any rate the descent keeps up with never reaches its limit, and no write
  * waits. Only a write that would cross max_size itself (the descent fell behind, or -o low_watermark=100
  * leaves no room between them) evicts in line, and only what it needs; blocked_writes counts those. A
- * descent that cannot get below the high mark (young, open or pinned files) is not kicked again for the
- * grace period, so a cache full of files in use is not flushed and walked on every write. Starting an
- * eviction is costly (flush the index, query it), which is why each descent goes all the way down.
+ * descent that frees nothing and leaves the cache above the high mark (young, open or pinned files) is
+ * not kicked again for the grace period (a write that has to evict in line still kicks it), so a cache
+ * full of files in use is not flushed and walked on every write. Starting an eviction is costly (flush
+ * the index, query it), which is why each descent goes all the way down.
  *
  * COST. Victims are read from the index in LRU order with a cursor, so a long eviction never re-reads
  * what it has passed. Beyond what the crossing request needs, eviction works in batches of BATCH_VICTIMS
@@ -1214,7 +1215,7 @@ static void *descent_main(void *arg)
                 atomic_fetch_add(&fs->descent.runs, 1);
                 pthread_mutex_lock(&fs->space_lock);
                 fs->descent.running = false;
-                if (kidx_used(fs->idx) + fs->reserved > high_mark_bytes(fs)) /* what is left cannot go yet */
+                if (freed <= 0 && kidx_used(fs->idx) + fs->reserved > high_mark_bytes(fs)) /* nothing can go yet */
                         fs->descent.quiet_until = kfs_now_ns() + (int64_t)(fs->o.grace_ms > 100 ? fs->o.grace_ms : 100) * 1000000;
         }
         pthread_mutex_unlock(&fs->space_lock);

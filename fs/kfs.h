@@ -180,8 +180,8 @@ struct kfs {
                 pthread_t thread;
                 pthread_cond_t cond;    /* kicked, or stopping; with space_lock */
                 bool started, kicked, running, stop; /* space_lock */
-                int64_t quiet_until;    /* no kick before this (ns): the last descent stayed above the high
-                                         * mark (young, open or pinned files); space_lock */
+                int64_t quiet_until;    /* no kick before this (ns): the last descent freed nothing, above
+                                         * the high mark (young, open or pinned files); space_lock */
                 _Atomic uint64_t runs;  /* descents since mount */
         } descent;
         _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */

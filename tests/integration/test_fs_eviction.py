@@ -344,6 +344,24 @@ def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
     assert os.listdir(m.mnt) == ["big2"]
 
 
+def test_the_descent_waits_out_the_grace_period_instead_of_running_on_every_write(kfs):
+    # Past the high mark (6 MiB: halfway between 4 and 8) every write would kick the descent. When all
+    # that could go is younger than the grace period, a descent frees nothing: the next writes must not
+    # flush the index and walk the LRU again each, until the grace period has passed. No write waits.
+    m = kfs({"max_size": "8M", "low_watermark": "50", "grace_ms": "1000"})
+    make_files(m, 26, 256 * K)  # 6.5 MiB
+    wait_for(lambda: counter(m, "background_evictions") == 1, what="the first descent")
+    assert len(os.listdir(m.mnt)) == 26  # everything was just written
+    make_files(m, 4, 256 * K, prefix="g")  # 7.5 MiB, each past the high mark
+    time.sleep(0.3)
+    assert counter(m, "background_evictions") == 1
+    time.sleep(1.0)  # every file is now older than the grace period: the next write's kick is heard
+    make_files(m, 1, 256 * K, prefix="h")
+    wait_for(lambda: counter(m, "background_evictions") >= 2 and m.used() <= 4 << 20, what="the descent")
+    assert os.path.exists(m.path("h0"))  # the newest stays
+    assert counter(m, "blocked_writes") == 0
+
+
 def test_backing_filesystem_full_evicts_and_retries(kfs, workdir):
     # A backing disk smaller than max_size: its own ENOSPC triggers eviction and one retry, so writes go
     # on succeeding as long as there is something to evict. (The index is elsewhere: it needs room too.)
