@@ -27,7 +27,9 @@
  * descent that frees nothing and leaves the cache above the high mark (young, open or pinned files) is
  * not kicked again for the grace period (a write that has to evict in line still kicks it), so a cache
  * full of files in use is not flushed and walked on every write. Starting an eviction is costly (flush
- * the index, query it), which is why each descent goes all the way down.
+ * the index, query it), which is why each descent goes all the way down. Running at any moment, not only
+ * inside a runtime's store, the descent takes the lock a runtime reads its entries under (JAX's
+ * .lockfile, runtime_lock) before it removes one of them.
  *
  * COST. Victims are read from the index in LRU order with a cursor, so a long eviction never re-reads
  * what it has passed. Beyond what the crossing request needs, eviction works in batches of BATCH_VICTIMS
@@ -591,21 +593,44 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
         return removed;
 }
 
+/* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
+ * a removal in between makes the read fail (FileNotFoundError). A write that evicts in line runs inside
+ * a store, which JAX makes under that lock, so no JAX read is in between (unless the writer is another
+ * program sharing the cache); the descent and an operator's eviction run at any moment, so they take the
+ * lock themselves, without waiting: a unit whose lock is held stays for now. Returns the locked fd, -1
+ * if there is no lock to take, -EWOULDBLOCK if it is held. */
+static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u)
+{
+        if (u->rt != KFS_RT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
+                return -1;
+        int dfd = dc->fd[dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
+        int fd = dfd < 0 ? -1 : openat(dfd, KFS_JAX_LOCK, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return -1;
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+                return fd;
+        close(fd);
+        return -EWOULDBLOCK;
+}
+
 /* Removes one unit: all its files in order, or none if any of them was opened since it was chosen.
  * A member found replaced (stored again since it was chosen) ends the unit there: the runtime's order
  * puts its completion marker first (PoCL's program.bc), so a re-stored entry loses nothing, and one
  * whose later members are being re-stored loses only what the store is writing again. Returns the
  * bytes freed. */
 static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u,
-                           struct notify_list *nl)
+                           struct notify_list *nl, bool in_line)
 {
         size_t total = 0;
         for (size_t k = 0; k < u->count; k++)
                 total += vs->v[u->first + k].nnames;
-        int small[16], *fds = total <= 16 ? small : malloc(total * sizeof(int));
-        if (!fds) {
+        int lock = in_line ? -1 : runtime_lock(fs, dc, vs, u);
+        int small[16], *fds = lock == -EWOULDBLOCK ? NULL : total <= 16 ? small : malloc(total * sizeof(int));
+        if (!fds) { /* the runtime holds its lock: the unit stays, for now */
                 for (size_t k = 0; k < u->count; k++)
                         kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
+                if (lock >= 0)
+                        close(lock);
                 return 0;
         }
         /* Directories resolved outside itable_lock (index queries, path walks); each name holds its own
@@ -626,6 +651,8 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                         free(fds);
                 for (size_t k = 0; k < u->count; k++)
                         kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
+                if (lock >= 0)
+                        close(lock);
                 return 0;
         }
         /* Victims are the least recently used files, so their names and inodes are the ones least likely
@@ -651,6 +678,8 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                 j += v->nnames;
         }
         pthread_mutex_unlock(&fs->itable_lock);
+        if (lock >= 0)
+                close(lock); /* releases the runtime's lock */
         for (size_t j = 0; j < total; j++)
                 if (fds[j] >= 0)
                         close(fds[j]);
@@ -973,7 +1002,7 @@ static void grant_waiters_locked(struct kfs *fs)
  * walk at *cursor. If they cannot cover must_free, removes nothing and fails with -ENOSPC (ALL OR
  * NOTHING). Returns the bytes freed. help: grant queued writes room as it goes (HELPING). */
 static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
-                           bool grace, struct notify_list *nl, bool help)
+                           bool grace, struct notify_list *nl, bool help, bool in_line)
 {
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
@@ -1004,7 +1033,7 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         }
         size_t since = 0;
         for (size_t i = 0; freed >= 0 && i < vs.nu; i++) {
-                freed += (int64_t)evict_unit(fs, &dc, &vs, &vs.u[i], nl);
+                freed += (int64_t)evict_unit(fs, &dc, &vs, &vs.u[i], nl, in_line);
                 if (help && (since += vs.u[i].count) >= BATCH_VICTIMS) {
                         since = 0;
                         pthread_mutex_lock(&fs->space_lock);
@@ -1022,7 +1051,7 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
 /* Evicts until used plus reserved bytes are down to target (the reserved ones are about to be used), in
  * batches of BATCH_VICTIMS, taking evict_lock for one batch at a time so that no writer waits longer
  * than one batch (COST). Continues the LRU walk at *cursor. */
-static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace)
+static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace, bool in_line)
 {
         int64_t total = 0;
         for (;;) {
@@ -1032,7 +1061,7 @@ static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, 
                 uint64_t used = kidx_used(fs->idx) + fs->reserved;
                 pthread_mutex_unlock(&fs->space_lock);
                 int64_t freed = used > target && !fs->evict_stop
-                                        ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false)
+                                        ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false, in_line)
                                         : 0;
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
@@ -1056,8 +1085,8 @@ static uint64_t high_mark_bytes(struct kfs *fs)
 }
 
 /* space_lock held. used: used plus reserved bytes. Wakes the descent if they are past the high mark and
- * it is not running already (HOW FAR). force: even within the quiet period after a descent that could
- * not get below the high mark (a write had to evict in line: worth a look). */
+ * it is not running already (HOW FAR). force: even within the quiet period after a descent that freed
+ * nothing (a write had to evict in line: worth a look). */
 static void descent_kick_locked(struct kfs *fs, uint64_t used, bool force)
 {
         if (fs->descent.kicked || fs->descent.running || fs->descent.stop || used <= high_mark_bytes(fs) ||
@@ -1135,7 +1164,7 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
                  * a few such rounds it stops granting, so that a stream of writers cannot keep it going. */
                 for (int attempt = 0, helped = 0; r == 0 && !ok && attempt < 4;) {
                         uint64_t must = used + reserved + bytes - fs->o.max_size;
-                        int64_t freed = evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4);
+                        int64_t freed = evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4, true);
                         if (freed < 0) {
                                 r = (int)freed;
                         } else if ((uint64_t)freed < must) {
@@ -1185,13 +1214,19 @@ void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *s
         pthread_mutex_unlock(&fs->space_lock);
 }
 
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
+/* in_line: for a write, inside it (see runtime_lock). */
+static int64_t evict_to(struct kfs *fs, uint64_t target, bool grace, bool in_line)
 {
         int r = kidx_flush(fs->idx);
         if (r < 0)
                 return r;
         uint64_t cursor = 0;
-        return evict_down_to(fs, target, &cursor, grace);
+        return evict_down_to(fs, target, &cursor, grace, in_line);
+}
+
+int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
+{
+        return evict_to(fs, target, grace, false);
 }
 
 /* The descent (HOW FAR): kicked past the high mark, it evicts down to the low watermark, batch by batch
@@ -1228,12 +1263,16 @@ static bool descent_started_locked(struct kfs *fs)
 {
         if (fs->descent.started)
                 return true;
+        int64_t now = kfs_now_ns();
+        if (now < fs->descent.retry_at)
+                return false;
         int e = pthread_create(&fs->descent.thread, NULL, descent_main, fs);
         fs->descent.started = e == 0;
         if (e) {
-                fprintf(stderr, "kcachefs: no thread for background eviction (%s): writes that reach the limit evict "
-                                "in line\n", strerror(e));
-                fs->descent.quiet_until = kfs_now_ns() + 1000000000LL;
+                if (!fs->descent.retry_at) /* said once */
+                        fprintf(stderr, "kcachefs: no thread for background eviction yet (%s): writes that reach the "
+                                        "limit evict in line\n", strerror(e));
+                fs->descent.retry_at = now + 1000000000LL;
         }
         return fs->descent.started;
 }
@@ -1273,7 +1312,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
                 struct notify_list nl = { 0 };
                 uint64_t c = cursor;
                 pthread_mutex_lock(&fs->evict_lock);
-                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false); /* an operator's */
+                int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false, false); /* an operator's */
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -1326,7 +1365,7 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 r = r == 1 ? 0 : r == 0 ? -EBUSY : r; /* 0: a member is open or pinned */
         }
         if (r == 0) {
-                r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl) || vs.bytes == 0 ? 0 : -EBUSY;
+                r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl, false) || vs.bytes == 0 ? 0 : -EBUSY;
                 repair_all(fs, &vs, &nl);
         }
         pthread_mutex_unlock(&fs->evict_lock);
@@ -1363,7 +1402,7 @@ int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes)
         /* The backing filesystem is full before our limit: free this request plus the watermark's margin. */
         uint64_t used = kidx_used(fs->idx), margin = fs->o.max_size - low_watermark_bytes(fs);
         uint64_t want = bytes > margin ? bytes : margin;
-        int64_t r = kfs_evict_to(fs, used > want ? used - want : 0, true);
+        int64_t r = evict_to(fs, used > want ? used - want : 0, true, true);
         kfs_reap_drain(fs); /* the blocks too: it is the backing filesystem that is full */
         return r < 0 ? (int)r : 0;
 }

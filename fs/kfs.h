@@ -42,6 +42,7 @@
 #define KFS_NEO_SIZE_FILE "config.file"     /* NEO: one native size_t, under its flock */
 #define KFS_SYCL_SIZE_FILE "cache_size.txt" /* SYCL: decimal bytes, under cache_size.txt.lock */
 #define KFS_SYCL_SIZE_LOCK KFS_SYCL_SIZE_FILE ".lock"
+#define KFS_JAX_LOCK ".lockfile"                /* JAX (py-filelock): flock, around every get and put */
 
 #define KFS_META_DIR ".kcachefs"
 
@@ -182,6 +183,7 @@ struct kfs {
                 bool started, kicked, running, stop; /* space_lock */
                 int64_t quiet_until;    /* no kick before this (ns): the last descent freed nothing, above
                                          * the high mark (young, open or pinned files); space_lock */
+                int64_t retry_at;       /* the thread could not be started: not before this (ns); space_lock */
                 _Atomic uint64_t runs;  /* descents since mount */
         } descent;
         _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */

@@ -28,7 +28,7 @@
 
 #define DEFAULT_MAX_SIZE "1G"
 #define DEFAULT_LOW_WATERMARK 90
-#define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:.lockfile"
+#define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK
 #define DEFAULT_TIMEOUT 3600.0
 
 static void usage(const char *prog)

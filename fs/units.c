@@ -63,7 +63,7 @@ static int is_base32(int c)
 /* Bookkeeping and locks: never evicted, whatever their age. */
 static bool is_bookkeeping(const char *name)
 {
-        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, ".lockfile", "stats", "index" };
+        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, KFS_JAX_LOCK, "stats", "index" };
         for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
                 if (!strcmp(name, exact[i]))
                         return true;
