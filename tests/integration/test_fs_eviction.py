@@ -28,16 +28,22 @@ def counter(m, name):
     return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
 
 
+def ten_files_read_in_order(m):
+    """10 files of 64 KiB, f0..f9, then read in a scripted order, which it returns (least recent first)."""
+    make_files(m, 10, 64 * K)
+    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
+    for i in order:
+        read_file(m.path(f"f{i}"))
+    return order
+
+
 def test_evicts_exactly_the_least_recently_used(kfs):
     # 10 files of 64 KiB, then read in a scripted order; a 256 KiB write takes the cache past its high
     # mark (halfway between the low watermark, 60% of 1 MiB, and the limit: 819.2 KiB) without reaching
     # the limit. The write does not wait: the background descent evicts down to 614.4 KiB, five victims,
     # the first five read. (grace_ms=0: this checks the LRU order itself; test_grace_* the grace period.)
     m = kfs({"max_size": "1M", "low_watermark": "60", "grace_ms": "0"})
-    make_files(m, 10, 64 * K)
-    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
-    for i in order:
-        read_file(m.path(f"f{i}"))
+    order = ten_files_read_in_order(m)
     assert len(os.listdir(m.mnt)) == 10  # the kernel now caches this listing
     assert counter(m, "background_evictions") == 0  # 640 KiB: below the high mark
     with open(m.path("big"), "wb") as f:
@@ -62,10 +68,7 @@ def test_a_write_past_the_limit_evicts_in_line_only_what_it_needs(kfs):
     # LRU order (two files) before it goes on, and the descent takes the cache on down to the low
     # watermark (30%: 307.2 KiB) afterwards. The write's own file is the newest, and open: it stays.
     m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "0"})
-    make_files(m, 10, 64 * K)
-    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
-    for i in order:
-        read_file(m.path(f"f{i}"))
+    order = ten_files_read_in_order(m)
     with open(m.path("big"), "wb") as f:
         f.write(b"B" * 512 * K)
         assert counter(m, "blocked_writes") >= 1
@@ -324,10 +327,7 @@ def test_grace_spares_just_used_files_beyond_what_a_write_needs(kfs):
     # A write that crosses the limit with a grace period of 300 ms: it frees only what it needs (2 files,
     # LRU first), and the descent after it stops at files used within the grace period.
     m = kfs({"max_size": "1M", "low_watermark": "30", "grace_ms": "300"})
-    make_files(m, 10, 64 * K)
-    order = [3, 1, 4, 5, 9, 2, 6, 0, 8, 7]
-    for i in order:
-        read_file(m.path(f"f{i}"))
+    order = ten_files_read_in_order(m)
     with open(m.path("big"), "wb") as f:
         f.write(b"B" * 512 * K)
     wait_for(lambda: counter(m, "background_evictions") >= 1, what="the descent")
