@@ -190,7 +190,8 @@ static int kc_stats(int argc, char **argv)
                         { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
                         { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
                         { "helped_writes", "counter" }, { "blocked_writes", "counter" },
-                        { "background_evictions", "counter" },
+                        { "background_evictions", "counter" }, { "index_bytes", "gauge" },
+                        { "wal_bytes", "gauge" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -225,6 +226,9 @@ static int kc_stats(int argc, char **argv)
                         printf("reads       through the page cache (passthrough %s)\n", pt);
                 if (kc_get(mount, "transport", pt, sizeof(pt)) > 0)
                         printf("requests    %s, %" PRIu64 " through the rings\n", pt, kc_num(mount, "ring_requests"));
+                kc_human(kc_num(mount, "index_bytes"), a, sizeof(a));
+                kc_human(kc_num(mount, "wal_bytes"), b, sizeof(b));
+                printf("index       %s on disk (%s of it write-ahead log), %s\n", a, b, index);
                 if (users) {
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);
@@ -543,8 +547,10 @@ static long kc_compare(const char *mount, bool quiet)
         kc_walk(fd, "", &tree, true, tty);
         if (tty)
                 fprintf(stderr, "\rkcache: scanned %zu files\n", tree.n);
-        qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp);
-        qsort(tree.v, tree.n, sizeof(*tree.v), kc_cmp);
+        if (idx.n) /* an empty set has no array: qsort's pointer must not be NULL */
+                qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp);
+        if (tree.n)
+                qsort(tree.v, tree.n, sizeof(*tree.v), kc_cmp);
         long diff = 0;
         size_t i = 0, j = 0;
         while (i < idx.n || j < tree.n) {

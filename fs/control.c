@@ -9,7 +9,8 @@
  *                      "/dev/fuse" with why), ring_requests, helped_writes (writes granted room by
  *                      another request's eviction, evict.c HELPING), blocked_writes (writes that
  *                      found no room and waited for an eviction), background_evictions (descents to
- *                      the low watermark run ahead of the writes, evict.c HOW FAR), stats (JSON)
+ *                      the low watermark run ahead of the writes, evict.c HOW FAR), index_bytes
+ *                      (the index's database and WAL on disk), wal_bytes (the WAL alone), stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
@@ -30,7 +31,8 @@
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
                                           "passthrough", "passthrough_opens", "transport", "ring_requests",
-                                          "helped_writes", "blocked_writes", "background_evictions" };
+                                          "helped_writes", "blocked_writes", "background_evictions",
+                                          "index_bytes", "wal_bytes" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -52,13 +54,14 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"evicted_bytes\":%" PRIu64 ",\"rebuilds\":%" PRIu64 ",\"low_watermark\":%u"
                         ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64
                         ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 ",\"helped_writes\":%" PRIu64
-                        ",\"blocked_writes\":%" PRIu64 ",\"background_evictions\":%" PRIu64 "}",
+                        ",\"blocked_writes\":%" PRIu64 ",\"background_evictions\":%" PRIu64
+                        ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
                         fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
                         kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
                         (uint64_t)atomic_load(&fs->helped_writes), (uint64_t)atomic_load(&fs->blocked_writes),
-                        (uint64_t)atomic_load(&fs->descent.runs));
+                        (uint64_t)atomic_load(&fs->descent.runs), s.db_bytes + s.wal_bytes, s.wal_bytes);
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -87,6 +90,7 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "helped_writes", atomic_load(&fs->helped_writes) },
                 { "blocked_writes", atomic_load(&fs->blocked_writes) },
                 { "background_evictions", atomic_load(&fs->descent.runs) },
+                { "index_bytes", s.db_bytes + s.wal_bytes }, { "wal_bytes", s.wal_bytes },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))
@@ -183,8 +187,10 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 return -EINVAL;
         memcpy(v, value, size);
         v[size] = '\0';
-        if (!strcmp(n, "flush"))
+        if (!strcmp(n, "flush")) {
+                kfs_settle_all(fs); /* the written files' allocation as the disk has it now */
                 return kidx_flush(fs->idx);
+        }
         if (!strcmp(n, "reconcile"))
                 return kidx_reconcile(fs->idx, fs->root_fd, KFS_META_DIR);
         if (!strcmp(n, "evict")) {

@@ -128,6 +128,7 @@
 struct name {
         uint64_t dir;
         char *name;
+        bool removed; /* remove_member_locked unlinked it */
         char *path;   /* relative to the backing root, for pins and the eviction log */
 };
 
@@ -138,6 +139,8 @@ struct victim {
         struct name *names;
         size_t nnames;
         int hold;     /* O_PATH fd kept on the removed inode until the index has been told (INODE REUSE) */
+        bool lives;   /* names were removed, but the file has another the index did not know of when it
+                       * was chosen (a link made since): it stays, counted, with its other names */
 };
 
 /* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
@@ -221,9 +224,7 @@ static void add_name(void *ud, uint64_t dir, const char *name)
                 return;
         }
         l->names = n;
-        n[l->n].dir = dir;
-        n[l->n].name = strdup(name);
-        n[l->n].path = NULL;
+        n[l->n] = (struct name){ .dir = dir, .name = strdup(name) };
         if (!n[l->n].name)
                 l->err = -ENOMEM;
         l->n++;
@@ -569,20 +570,23 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                         v->hold = fd;
                 else
                         close(fd);
+                v->names[i].removed = true;
                 removed++;
                 struct stat ds;
                 if (fstat(dirfds[i], &ds) == 0)
                         note_inode(fs, nl, kfs_inode_find_locked(fs, ds.st_ino));
         }
+        /* A name made since the victim was chosen (link) keeps the file: it is not evicted, only the names
+         * removed leave the index. Without this, the row went and the file stayed, never counted again. */
+        struct stat hs;
+        v->lives = removed && fstat(v->hold, &hs) == 0 && hs.st_nlink > 0;
         struct kfs_inode *in = kfs_inode_find_locked(fs, v->ino);
-        if (in && removed) {
+        if (in && removed && !v->lives) {
                 atomic_store(&in->evicted, true);
                 /* Our O_PATH fd would keep the unlinked inode, and its blocks, alive until the kernel
-                 * forgets it. Point the fd number at a placeholder: atomic, so a request using in->fd
-                 * concurrently sees one file or the other, never a reused number. */
-                if (dup3(fs->dead_fd, in->fd, O_CLOEXEC) < 0) {
-                        /* the blocks then stay allocated until the kernel forgets the inode */
-                }
+                 * forgets it, and a descriptor with them: it is closed now, or by the request that
+                 * borrows it now (inode.c, T5); the inode lends the placeholder from here on. */
+                kfs_inode_fd_retire(fs, in);
                 kfs_pt_forget(fs, in); /* a registered backing file holds it open too */
                 /* The backing filesystem may now give this inode number to a new file: lookups must
                  * find that file, not this stale inode, which lives on (detached) until it is forgotten. */
@@ -591,6 +595,91 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                 note_inode(fs, nl, in);
         }
         return removed;
+}
+
+/* Whether eviction keeps the directory rel (relative to the backing root) even when it is empty: the root
+ * of a runtime's cache, where a runtime expects it to stay. Those are the directories directly in the
+ * mount's root (where kcache env and operators put each runtime's cache) and the layout= directories. */
+static bool dir_kept(const struct kfs *fs, const char *rel)
+{
+        if (!strchr(rel, '/'))
+                return true;
+        for (size_t i = 0; i < fs->o.nlayouts; i++)
+                if (!strcmp(fs->o.layouts[i].dir, rel))
+                        return true;
+        return false;
+}
+
+/* Whether eviction removes the directories it empties in a unit of rt (EMPTIED DIRECTORIES). Not where
+ * the runtime makes a directory once and then relies on it: Triton makes the key directory at lookup,
+ * and mkdir()s its temporary directory inside it when it stores, seconds later (runtimes.md: never rmdir
+ * a key directory that may be in use); NEO mkdirs its two levels before its rename, under its own lock;
+ * SYCL creates its directories, then its O_EXCL lock file in them; the CUDA driver manages its own. */
+static bool prunes(enum kfs_rt rt)
+{
+        return rt == KFS_RT_POCL || rt == KFS_RT_FILE;
+}
+
+/* EMPTIED DIRECTORIES. Directories are not counted (only regular files are), but every key a runtime ever
+ * stored made some (PoCL: <hash>/<build>/, Triton: <key>/), and a cache that left them behind grew its
+ * backing without bound (2.6 times its limit after two PoCL runs: 1,546 empty directories). So once a
+ * victim's names are gone, each directory above it that eviction emptied goes too, up to the runtime's
+ * root (dir_kept). The directory's inode is marked evicted like a file's: a lookup in it, or a create,
+ * answers ESTALE, and the VFS looks its path up again, finds it gone, and a runtime's makedirs() makes it
+ * anew. rmdir removes nothing that is not empty, so a directory a runtime is filling stays. What is left
+ * is a runtime that makes a directory and a moment later creates in it without making it again, at the
+ * very moment its last file is evicted: PoCL (mkdir -p, then its temporary file) and the generic layout
+ * (pytools, Numba, ccache, Mesa make their directories as they store) take that risk, which the LRU
+ * order makes remote (the directory's files were the least recently used); the runtimes that cannot
+ * take it keep their directories (prunes()). */
+static void prune_dirs(struct kfs *fs, const char *file_rel, struct notify_list *nl)
+{
+        char rel[PATH_MAX];
+        if (snprintf(rel, sizeof(rel), "%s", file_rel) >= (int)sizeof(rel))
+                return;
+        char *slash;
+        while ((slash = strrchr(rel, '/'))) {
+                *slash = '\0';
+                if (dir_kept(fs, rel))
+                        return;
+                int fd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                struct stat st, ps;
+                if (fd < 0 || fstat(fd, &st) < 0) {
+                        if (fd >= 0)
+                                close(fd);
+                        return;
+                }
+                char *base = strrchr(rel, '/') + 1; /* dir_kept: rel has a parent below the root */
+                base[-1] = '\0';
+                int pfd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                base[-1] = '/';
+                bool gone = false;
+                if (pfd >= 0 && fstat(pfd, &ps) == 0) {
+                        pthread_mutex_lock(&fs->itable_lock);
+                        struct stat now;
+                        /* still that directory (fd holds it), and empty: rmdir says so */
+                        gone = fstatat(pfd, base, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st.st_ino &&
+                               unlinkat(pfd, base, AT_REMOVEDIR) == 0;
+                        struct kfs_inode *in = gone ? kfs_inode_find_locked(fs, st.st_ino) : NULL;
+                        if (in && in != &fs->root) {
+                                atomic_store(&in->evicted, true);
+                                kfs_inode_fd_retire(fs, in);
+                                kmap_del(&fs->itable, in->bino);
+                                (void)kmap_put(&fs->detached, (uint64_t)(uintptr_t)in, in);
+                                note_inode(fs, nl, in);
+                        }
+                        if (gone)
+                                note_inode(fs, nl, kfs_inode_find_locked(fs, ps.st_ino));
+                        pthread_mutex_unlock(&fs->itable_lock);
+                        if (gone) /* a runtime may have made the directory anew already */
+                                kidx_del_dent_of(fs->idx, ps.st_ino, base, st.st_ino);
+                }
+                if (pfd >= 0)
+                        close(pfd);
+                close(fd);
+                if (!gone)
+                        return;
+        }
 }
 
 /* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
@@ -689,16 +778,21 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         int64_t now = kfs_now_ns();
         for (size_t k = 0; k < u->count; k++) {
                 struct victim *v = &vs->v[u->first + k];
-                if (!removed[k]) {
+                if (!removed[k] || v->lives) {
                         kidx_evict_cancel(fs->idx, v->ino); /* it stayed (opened meanwhile, or busy) */
+                        for (size_t i = 0; i < v->nnames; i++)
+                                if (v->names[i].removed)
+                                        kidx_del_dent_of(fs->idx, v->names[i].dir, v->names[i].name, v->ino);
                         continue;
                 }
-                kidx_evicted(fs->idx, v->ino, v->bytes, v->names[0].path ? v->names[0].path : v->names[0].name, now);
-                freed += v->bytes;
+                freed += kidx_evicted(fs->idx, v->ino, v->names[0].path ? v->names[0].path : v->names[0].name, now);
+                for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
+                        if (v->names[i].removed && v->names[i].path)
+                                prune_dirs(fs, v->names[i].path, nl);
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
                 struct victim *v = &vs->v[u->first + k];
-                kfs_reap(fs, v->hold); /* frees the blocks, off this path (reap.c) */
+                kfs_reap(fs, v->hold, v->bytes); /* frees the blocks, off this path (reap.c) */
                 v->hold = -1;
         }
         free(removed);
@@ -723,13 +817,11 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, st
         size_t n = remove_member_locked(fs, &v, &dirfd, nl, &replaced);
         pthread_mutex_unlock(&fs->itable_lock);
         if (n) {
-                struct kidx_file f;
-                kidx_del_dent(fs->idx, ds.st_ino, name);
-                if (st.st_nlink <= 1)
-                        kidx_del_file(fs->idx, st.st_ino,
-                                      kidx_get_file(fs->idx, st.st_ino, &f) == 0 ? f.bytes : (uint64_t)st.st_blocks * 512);
+                kidx_del_dent_of(fs->idx, ds.st_ino, name, st.st_ino); /* the runtime may store it anew at once */
+                if (!v.lives)
+                        kidx_del_file(fs->idx, st.st_ino);
         }
-        kfs_reap(fs, v.hold);
+        kfs_reap(fs, v.hold, (uint64_t)st.st_blocks * 512);
 }
 
 /* Whether a regular file counts towards a runtime's own size: NEO counts its cache binaries
@@ -1214,6 +1306,30 @@ void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *s
         pthread_mutex_unlock(&fs->space_lock);
 }
 
+/* Stats in's file through fd, or through its O_PATH fd if fd is -1. */
+static int stat_through(struct kfs *fs, struct kfs_inode *in, int fd, struct stat *st)
+{
+        return fd >= 0 ? (fstat(fd, st) < 0 ? -errno : 0) : kfs_fstat_inode(fs, in, st);
+}
+
+void kfs_space_account_grown(struct kfs *fs, struct kfs_inode *in, int fd)
+{
+        struct stat st;
+        uint64_t grow = 0;
+        if (stat_through(fs, in, fd, &st) == 0) {
+                pthread_mutex_lock(&in->lock);
+                uint64_t now = (uint64_t)st.st_blocks * 512;
+                grow = now > in->alloc && !in->unlinked ? now - in->alloc : 0;
+                pthread_mutex_unlock(&in->lock);
+        }
+        if (grow && kfs_space_reserve(fs, grow) < 0)
+                grow = 0; /* nothing could go: counted all the same, the blocks are on the disk */
+        pthread_mutex_lock(&in->lock);
+        bool ok = stat_through(fs, in, fd, &st) == 0;
+        kfs_space_settle(fs, in, ok ? &st : NULL, grow);
+        pthread_mutex_unlock(&in->lock);
+}
+
 /* in_line: for a write, inside it (see runtime_lock). */
 static int64_t evict_to(struct kfs *fs, uint64_t target, bool grace, bool in_line)
 {
@@ -1235,8 +1351,18 @@ int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace)
 static void *descent_main(void *arg)
 {
         struct kfs *fs = arg;
+        int64_t again = 0; /* the last run left the cache above its high mark: run again then (ns) */
+        unsigned fruitless = 0; /* runs in a row that freed nothing: the retry backs off, to a minute */
         pthread_mutex_lock(&fs->space_lock);
         while (!fs->descent.stop) {
+                if (!fs->descent.kicked && again) {
+                        struct timespec until = { .tv_sec = again / 1000000000LL, .tv_nsec = again % 1000000000LL };
+                        if (pthread_cond_timedwait(&fs->descent.cond, &fs->space_lock, &until) == ETIMEDOUT) {
+                                again = 0;
+                                fs->descent.kicked = true; /* no write needs to come for it to go on */
+                        }
+                        continue;
+                }
                 if (!fs->descent.kicked) {
                         pthread_cond_wait(&fs->descent.cond, &fs->space_lock);
                         continue;
@@ -1250,8 +1376,21 @@ static void *descent_main(void *arg)
                 atomic_fetch_add(&fs->descent.runs, 1);
                 pthread_mutex_lock(&fs->space_lock);
                 fs->descent.running = false;
-                if (freed <= 0 && kidx_used(fs->idx) + fs->reserved > high_mark_bytes(fs)) /* nothing can go yet */
-                        fs->descent.quiet_until = kfs_now_ns() + (int64_t)(fs->o.grace_ms > 100 ? fs->o.grace_ms : 100) * 1000000;
+                again = 0;
+                if (kidx_used(fs->idx) + fs->reserved > high_mark_bytes(fs)) {
+                        /* What is left is young (grace), open or pinned. Young files age: once the grace
+                         * period has passed, the descent runs again by itself (a cache found over its
+                         * limit at mount, with no writes coming, stayed over it for good). */
+                        int64_t wait = (int64_t)(fs->o.grace_ms > 100 ? fs->o.grace_ms : 100) * 1000000;
+                        if (freed <= 0) /* nothing could go: no write kicks it before then either */
+                                fs->descent.quiet_until = kfs_now_ns() + wait;
+                        fruitless = freed <= 0 ? fruitless + 1 : 0;
+                        for (unsigned i = 1; i < fruitless && wait < 60000000000LL; i++)
+                                wait *= 2; /* open or pinned files do not age: do not walk them every grace */
+                        again = kfs_now_ns() + (wait < 60000000000LL ? wait : 60000000000LL);
+                } else {
+                        fruitless = 0;
+                }
         }
         pthread_mutex_unlock(&fs->space_lock);
         return NULL;

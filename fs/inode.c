@@ -8,17 +8,33 @@
  *  T1. An inode is in fs->itable exactly while nlookup > 0 (the root always).
  *  T2. The kernel never forgets an inode with open files, so readers/writers > 0 implies it is in the
  *      table; eviction reads those counts under itable_lock to decide what is open.
- *  T3. alloc equals the index's bytes for this file, so kidx_set_bytes(old = alloc) keeps the used total
- *      exact; only kfs_inode_account_locked() changes it.
+ *  T3. alloc is the allocation last measured; kfs_inode_account_locked() tells the index, which keeps
+ *      the total exact by itself (kidx I3); only that function changes it.
  *  T4. An evicted inode is removed from the table at once (its backing inode number may be reused by a
  *      new file) but freed only when the kernel forgets it; unref deletes only its own table entry.
- *      So T1 holds for inodes that are not evicted. */
+ *      So T1 holds for inodes that are not evicted.
+ *  T5. An inode's fd is closed only while nobody borrows it (fd_users == 0), so a borrowed number can
+ *      never be reused under its borrower; fs->fdc.open counts the inodes' open fds, and once the
+ *      mount is serving it exceeds fs->fdc.cap only by fds that are borrowed or cannot be reopened.
+ *
+ * DESCRIPTORS. The kernel keeps inodes cached for as long as it likes (a walk of the tree, `du`, leaves
+ * one per file), and real caches hold hundreds of thousands of files, while a daemon's RLIMIT_NOFILE may
+ * be 4,096 and not raisable. So an inode does not own an fd for its life: it keeps the backing object's
+ * file handle (name_to_handle_at; a few dozen bytes, and with the inode generation, so a reused inode
+ * number never matches), and its O_PATH fd is one of a bounded set: borrowed for the length of a request
+ * (kfs_inode_fd, kfs_inode_fd_put), kept open while idle in LRU order, closed past fs->fdc.cap and
+ * reopened by open_by_handle_at at its next use. Reopening needs CAP_DAC_READ_SEARCH (a root daemon has
+ * it) and a filesystem that exports handles (ext4, xfs, btrfs, tmpfs); without them fds stay open for the
+ * inode's life as before, and the mount says so when the limit is below the cache's files. An evicted
+ * inode gives its fd up at once (or at its last borrower's put): it lends the placeholder fs->dead_fd,
+ * so the kernel's leftover inodes of evicted files hold no descriptor at all. */
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -60,12 +76,206 @@ void kfs_proc_path(char *buf, size_t size, int fd)
         snprintf(buf, size, "/proc/self/fd/%d", fd);
 }
 
-int kfs_inode_open(struct kfs_inode *in, int flags)
+/* ---- descriptors (DESCRIPTORS) ---- */
+
+static void idle_unlink(struct kfs *fs, struct kfs_inode *in)
 {
+        if (in->idle_prev)
+                in->idle_prev->idle_next = in->idle_next;
+        else if (fs->fdc.idle_head == in)
+                fs->fdc.idle_head = in->idle_next;
+        else
+                return; /* not in the list */
+        if (in->idle_next)
+                in->idle_next->idle_prev = in->idle_prev;
+        else
+                fs->fdc.idle_tail = in->idle_prev;
+        in->idle_prev = in->idle_next = NULL;
+}
+
+static void idle_push(struct kfs *fs, struct kfs_inode *in)
+{
+        in->idle_next = NULL;
+        in->idle_prev = fs->fdc.idle_tail;
+        if (fs->fdc.idle_tail)
+                fs->fdc.idle_tail->idle_next = in;
+        else
+                fs->fdc.idle_head = in;
+        fs->fdc.idle_tail = in;
+}
+
+/* Closes idle fds, least recently used first, until the set is within its cap. fdc.lock held. */
+static void trim_locked(struct kfs *fs)
+{
+        while (fs->fdc.open > fs->fdc.cap && fs->fdc.idle_head) {
+                struct kfs_inode *v = fs->fdc.idle_head;
+                idle_unlink(fs, v);
+                close(v->fd);
+                v->fd = -1;
+                fs->fdc.open--;
+        }
+}
+
+/* A new inode's fd joins the set (fdc.open counts it; it may be closed at once if idle past the cap).
+ * itable_lock held, before the inode is in the table. */
+static void fd_adopt(struct kfs *fs, struct kfs_inode *in)
+{
+        pthread_mutex_lock(&fs->fdc.lock);
+        fs->fdc.open++;
+        if (in->fh)
+                idle_push(fs, in);
+        trim_locked(fs);
+        pthread_mutex_unlock(&fs->fdc.lock);
+}
+
+/* The inode is freed: its fd goes. No borrower is left (the kernel forgot it; T5). */
+static void fd_forget(struct kfs *fs, struct kfs_inode *in)
+{
+        pthread_mutex_lock(&fs->fdc.lock);
+        idle_unlink(fs, in);
+        if (in->fd >= 0) {
+                close(in->fd);
+                in->fd = -1;
+                fs->fdc.open--;
+        }
+        pthread_mutex_unlock(&fs->fdc.lock);
+        free(in->fh);
+}
+
+int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
+{
+        if (in == &fs->root)
+                return in->fd;
+        pthread_mutex_lock(&fs->fdc.lock);
+        if (kfs_stale(in) && in->fd < 0) {
+                pthread_mutex_unlock(&fs->fdc.lock);
+                return fs->dead_fd;
+        }
+        if (in->fd >= 0) {
+                if (in->fd_users++ == 0)
+                        idle_unlink(fs, in);
+                int fd = in->fd;
+                pthread_mutex_unlock(&fs->fdc.lock);
+                return fd;
+        }
+        pthread_mutex_unlock(&fs->fdc.lock);
+        /* Closed while idle (only an inode with a handle is): reopen it, outside the lock. */
+        int fd = open_by_handle_at(fs->root_fd, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+                return errno == ENOENT ? -ESTALE : -errno;
+        atomic_fetch_add(&fs->fdc.reopens, 1);
+        pthread_mutex_lock(&fs->fdc.lock);
+        if (in->fd >= 0 || kfs_stale(in)) { /* another borrower reopened it first, or it was evicted */
+                pthread_mutex_unlock(&fs->fdc.lock);
+                close(fd);
+                return kfs_inode_fd(fs, in);
+        }
+        in->fd = fd;
+        in->fd_users = 1;
+        fs->fdc.open++;
+        trim_locked(fs);
+        pthread_mutex_unlock(&fs->fdc.lock);
+        return fd;
+}
+
+void kfs_inode_fd_put(struct kfs *fs, struct kfs_inode *in, int fd)
+{
+        if (in == &fs->root || fd == fs->dead_fd || fd < 0)
+                return;
+        pthread_mutex_lock(&fs->fdc.lock);
+        if (--in->fd_users == 0) {
+                if (kfs_stale(in)) { /* retired while borrowed: the last borrower closes it */
+                        close(in->fd);
+                        in->fd = -1;
+                        fs->fdc.open--;
+                } else if (in->fh) {
+                        idle_push(fs, in);
+                        trim_locked(fs);
+                }
+        }
+        pthread_mutex_unlock(&fs->fdc.lock);
+}
+
+void kfs_inode_fd_retire(struct kfs *fs, struct kfs_inode *in)
+{
+        pthread_mutex_lock(&fs->fdc.lock);
+        if (in->fd >= 0 && in->fd_users == 0) {
+                idle_unlink(fs, in);
+                close(in->fd);
+                in->fd = -1;
+                fs->fdc.open--;
+        }
+        pthread_mutex_unlock(&fs->fdc.lock);
+}
+
+/* The file handle of the object open as fd, or NULL where handles cannot reopen it. */
+static struct file_handle *handle_of(struct kfs *fs, int fd)
+{
+        if (!fs->fdc.handles)
+                return NULL;
+        struct file_handle *h = malloc(sizeof(*h) + MAX_HANDLE_SZ);
+        if (!h)
+                return NULL;
+        h->handle_bytes = MAX_HANDLE_SZ;
+        int mnt;
+        if (name_to_handle_at(fd, "", h, &mnt, AT_EMPTY_PATH) < 0) {
+                free(h);
+                return NULL;
+        }
+        struct file_handle *t = realloc(h, sizeof(*h) + h->handle_bytes);
+        return t ? t : h;
+}
+
+void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
+{
+        pthread_mutex_init(&fs->fdc.lock, NULL);
+        struct rlimit rl = { 1024, 1024 };
+        (void)getrlimit(RLIMIT_NOFILE, &rl);
+        /* Half the descriptors for the inodes; the rest for open files, the index, the rings. */
+        uint64_t lim = rl.rlim_cur == RLIM_INFINITY ? (1u << 20) : (uint64_t)rl.rlim_cur;
+        fs->fdc.cap = lim / 2 > 64 ? lim / 2 : 64;
+        if (fs->fdc.cap > (1u << 20))
+                fs->fdc.cap = 1u << 20;
+        /* Reopening works here if the root's own handle opens again. */
+        fs->fdc.handles = true;
+        struct file_handle *h = handle_of(fs, fs->root.fd);
+        fs->fdc.handles = false;
+        if (!h) {
+                snprintf(fs->fdc.why, sizeof(fs->fdc.why), "the backing filesystem gives no file handles (%s)",
+                         strerror(errno));
+        } else {
+                int fd = open_by_handle_at(fs->root_fd, h, O_PATH | O_CLOEXEC);
+                if (fd >= 0) {
+                        close(fd);
+                        fs->fdc.handles = true;
+                } else {
+                        snprintf(fs->fdc.why, sizeof(fs->fdc.why), "open_by_handle_at: %s%s", strerror(errno),
+                                 errno == EPERM ? " (it needs CAP_DAC_READ_SEARCH)" : "");
+                }
+                free(h);
+        }
+        if (fs->fdc.handles && files > fs->fdc.cap)
+                fprintf(stderr, "kcachefs: keeping at most %zu of the cache's %llu files' descriptors open "
+                        "(RLIMIT_NOFILE %llu); the others are reopened by file handle\n", fs->fdc.cap,
+                        (unsigned long long)files, (unsigned long long)lim);
+        else if (!fs->fdc.handles && files + 1024 > lim)
+                fprintf(stderr, "kcachefs: warning: the descriptor limit (RLIMIT_NOFILE %llu) is below the cache's "
+                        "%llu files, and descriptors cannot be reopened (%s): once the kernel holds that many "
+                        "inodes, requests fail with EMFILE until it forgets some; raise the limit\n",
+                        (unsigned long long)lim, (unsigned long long)files, fs->fdc.why);
+}
+
+int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
+{
+        int pfd = kfs_inode_fd(fs, in);
+        if (pfd < 0)
+                return pfd;
         char proc[64];
-        kfs_proc_path(proc, sizeof(proc), in->fd);
+        kfs_proc_path(proc, sizeof(proc), pfd);
         int fd = open(proc, flags);
-        return fd < 0 ? -errno : fd;
+        int r = fd < 0 ? -errno : fd;
+        kfs_inode_fd_put(fs, in, pfd);
+        return r;
 }
 
 struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino)
@@ -78,9 +288,14 @@ struct kfs_inode *kfs_inode_find_locked(struct kfs *fs, uint64_t bino)
         return kmap_get(&fs->itable, bino);
 }
 
-int kfs_fstat_inode(struct kfs_inode *in, struct stat *st)
+int kfs_fstat_inode(struct kfs *fs, struct kfs_inode *in, struct stat *st)
 {
-        return fstatat(in->fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+        int fd = kfs_inode_fd(fs, in);
+        if (fd < 0)
+                return fd;
+        int r = fstatat(fd, "", st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+        kfs_inode_fd_put(fs, in, fd);
+        return r;
 }
 
 static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct stat *st)
@@ -138,6 +353,7 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
                 return -ENOMEM;
         }
         n->fd = fd;
+        n->fh = handle_of(fs, fd);
         init_from_stat(fs, n, st);
         n->bookkeeping = S_ISREG(st->st_mode) && (!strcmp(name, KFS_NEO_SIZE_FILE) || !strcmp(name, KFS_SYCL_SIZE_FILE));
         n->nlookup = 1;
@@ -150,17 +366,22 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
                 pthread_mutex_unlock(&fs->itable_lock);
                 pthread_mutex_destroy(&n->lock);
                 close(fd);
+                free(n->fh);
                 free(n);
                 return -ENOMEM;
+        } else {
+                fd_adopt(fs, n); /* before anyone can find it: from here the fd is the set's */
         }
         pthread_mutex_unlock(&fs->itable_lock);
         /* Eviction (or a repair) may have removed the file between our stat and the insert: it then found
          * no inode of ours to mark evicted, and a dentry to this one would open the removed file for as
          * long as the kernel keeps it. A removal after the insert finds it in the table and marks it. */
-        bool removed = by_name && S_ISREG(st->st_mode) && (fstat(fd, &check) < 0 || check.st_nlink == 0);
+        bool removed = by_name && (S_ISREG(st->st_mode) || S_ISDIR(st->st_mode)) &&
+                       (fstat(fd, &check) < 0 || check.st_nlink == 0);
         if (in) {
                 pthread_mutex_destroy(&n->lock);
                 close(fd);
+                free(n->fh);
                 free(n);
                 n = in;
         }
@@ -186,7 +407,7 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
                 kfs_pt_forget(fs, in);
-                close(in->fd);
+                fd_forget(fs, in);
                 pthread_mutex_destroy(&in->lock);
                 free(in);
         }
@@ -195,8 +416,9 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
 void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st)
 {
         uint64_t now = (uint64_t)st->st_blocks * 512;
-        if (S_ISREG(in->type) && !in->unlinked)
-                kidx_set_bytes(fs->idx, in->bino, in->alloc, now);
+        /* Not for an evicted inode: its number may be a new file's already, whose row is not ours. */
+        if (S_ISREG(in->type) && !in->unlinked && !kfs_stale(in))
+                kidx_set_bytes(fs->idx, in->bino, now);
         in->alloc = now;
         in->size = (uint64_t)st->st_size;
         in->mtime = st->st_mtim;
@@ -212,7 +434,9 @@ void kfs_inode_table_free(struct kfs *fs)
                         struct kfs_inode *in = v;
                         if (in == &fs->root)
                                 continue;
-                        close(in->fd);
+                        if (in->fd >= 0)
+                                close(in->fd);
+                        free(in->fh);
                         pthread_mutex_destroy(&in->lock);
                         free(in);
                 }

@@ -10,6 +10,8 @@
  *   ops-xattr.c extended attributes, passed through
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
  *   evict.c     space reservation and eviction (the design essay is there)
+ *   settle.c    written files measured again after writeback (delayed allocation)
+ *   log.c       a detached daemon's stderr, to syslog
  *   units.c     what one eviction removes, per runtime; protected files
  *   passthrough.c kernel passthrough for read-only opens: backing files, I/O modes
  *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
@@ -18,13 +20,15 @@
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
- * index's own locks. No lock of ours is held while a reply is sent or while the kernel is notified, and
+ * index's own locks; fs->fdc.lock (the inodes' descriptors, inode.c) is a leaf, taken under any of them;
+ * fs->settle.lock (settle.c) is taken with none of ours held, and itable_lock under it. No lock of ours is held while a reply is sent or while the kernel is notified, and
  * the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE KERNEL). */
 #pragma once
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -70,6 +74,7 @@ struct kfs_unit {
 struct kfs_opts {
         char *backing;            /* absolute, resolved */
         char *mountpoint;         /* absolute, resolved */
+        char *mountpoint_arg;     /* the mount point as given */
         char *index_path;         /* -o index=; NULL: <backing>/.kcachefs/index.db */
         char *max_size_str;       /* -o max_size= as given */
         char *low_watermark_str;  /* -o low_watermark= as given */
@@ -94,8 +99,11 @@ struct kfs_opts {
 };
 
 struct kfs_inode {
-        int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode; the number never changes,
-                                     but eviction points it at fs->dead_fd's file (dup3) */
+        int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode while open, else -1: borrow it
+                                     with kfs_inode_fd() (inode.c, DESCRIPTORS); fs->fdc.lock */
+        struct file_handle *fh;   /* reopens fd (open_by_handle_at); NULL: fd stays open; immutable */
+        uint32_t fd_users;        /* borrowers of fd, which is not closed while they hold it; fs->fdc.lock */
+        struct kfs_inode *idle_prev, *idle_next; /* fs->fdc's idle list: fd open, no borrower; fs->fdc.lock */
         uint64_t bino;            /* backing st_ino: the table key and the index key; immutable */
         mode_t type;              /* S_IFMT bits; immutable */
         uint64_t nlookup;         /* kernel references; fs->itable_lock */
@@ -114,6 +122,7 @@ struct kfs_inode {
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
+        _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         _Atomic int32_t pt_id;    /* registered backing file (passthrough.c), kept until the inode is
                                      forgotten or evicted; 0: none. Set under lock */
         uint32_t pt_opens;        /* opens in passthrough mode (passthrough.c); lock */
@@ -160,6 +169,16 @@ struct kfs {
         } flock;
         kidx *idx;
 
+        struct {                  /* the inodes' O_PATH fds, a bounded set (inode.c, DESCRIPTORS) */
+                pthread_mutex_t lock; /* a leaf: no other lock is taken under it */
+                bool handles;         /* open_by_handle_at works here: idle fds may be closed */
+                char why[160];        /* why not, if not */
+                size_t open;          /* inodes' fds open now; lock */
+                size_t cap;           /* idle fds are closed past this many (from RLIMIT_NOFILE) */
+                struct kfs_inode *idle_head, *idle_tail; /* least recently used first; lock */
+                _Atomic uint64_t reopens; /* fds reopened from their handle since mount */
+        } fdc;
+
         pthread_mutex_t itable_lock;
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
         kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
@@ -188,11 +207,21 @@ struct kfs {
         } descent;
         _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */
         pthread_mutex_t evict_lock; /* one eviction at a time */
+        struct {                    /* written files, measured again after writeback (settle.c) */
+                pthread_mutex_t lock;
+                pthread_cond_t cond;    /* stopping */
+                kmap queue;             /* inode address -> inode, each holding a lookup reference; lock */
+                bool stop;              /* lock */
+                bool started, said;     /* lock */
+                int64_t retry_at;       /* the thread could not be started: not before this (ns); lock */
+                pthread_t thread;
+        } settle;
         struct {                    /* closes evicted files' last fds, which frees their blocks (reap.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;    /* fds queued, or the queue drained */
                 int *fds;               /* lock */
                 size_t n, cap;          /* lock */
+                uint64_t bytes;         /* the files queued or being closed hold this much; lock */
                 bool busy, stop, started; /* lock */
                 pthread_t thread;
         } reap;
@@ -216,6 +245,19 @@ static inline bool kfs_stale(struct kfs_inode *in)
 }
 
 int64_t kfs_now_ns(void);
+/* A new object's mode as the caller asked for it: the caller's umask applies (FUSE passes it with the
+ * request; the daemon's own umask is 0, set at start, so it never applies on top). */
+static inline mode_t kfs_req_mode(fuse_req_t req, mode_t mode)
+{
+        return mode & ~fuse_req_ctx(req)->umask;
+}
+/* The flags the daemon opens a backing file with for a caller's open: never O_DIRECT (the kernel
+ * already bypasses its page cache for the caller; the daemon's buffers are not aligned for O_DIRECT, and
+ * writes of 4 KiB and more failed with EINVAL), never a controlling terminal, always close-on-exec. */
+static inline int kfs_backing_flags(int flags)
+{
+        return (flags & ~(O_DIRECT | O_NOCTTY)) | O_CLOEXEC;
+}
 /* CLOCK_REALTIME ms from now, for pthread's timed waits. */
 struct timespec kfs_deadline_ms(unsigned ms);
 /* The signal that interrupts a thread's blocking flock() at shutdown (the repairer, flock waiters), and
@@ -247,14 +289,24 @@ struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino);
 int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat *st, int fd_or_neg,
                   struct kfs_inode **ret);
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
+/* Borrows an O_PATH fd on the inode's backing object, reopening it from its file handle if it was closed;
+ * the fd stays open until kfs_inode_fd_put(fs, in, fd). An evicted inode lends fs->dead_fd, the
+ * placeholder. Returns the fd, or -ESTALE (the object is gone from the backing filesystem), -EMFILE. */
+int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in);
+void kfs_inode_fd_put(struct kfs *fs, struct kfs_inode *in, int fd);
+/* The inode was evicted: its fd is closed now, or by its last borrower, and never reopened. */
+void kfs_inode_fd_retire(struct kfs *fs, struct kfs_inode *in);
+/* At mount, before any inode: whether fds can be reopened from file handles here, and how many stay
+ * open; says on stderr when the descriptor limit constrains the cache's files. */
+void kfs_inode_fds_init(struct kfs *fs, uint64_t files);
 /* Table lookup by backing inode number; NULL if the kernel does not know it. itable_lock held. */
 struct kfs_inode *kfs_inode_find_locked(struct kfs *fs, uint64_t bino);
 /* Re-reads the allocated size of an open regular file and tells the index. lock held. */
 void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st);
-int kfs_fstat_inode(struct kfs_inode *in, struct stat *st);
+int kfs_fstat_inode(struct kfs *fs, struct kfs_inode *in, struct stat *st);
 void kfs_proc_path(char *buf, size_t size, int fd);
 /* Opens the inode's backing file (through its O_PATH fd) with flags. Returns the fd or -errno. */
-int kfs_inode_open(struct kfs_inode *in, int flags);
+int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags);
 void kfs_inode_table_free(struct kfs *fs);
 
 /* evict.c */
@@ -263,6 +315,11 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
 /* After an allocating operation (in->lock held): accounts st (if not NULL) and releases the reservation,
  * atomically for anyone checking space. */
 void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *st, uint64_t reserved);
+/* in's file grew behind the daemon's back (written back; written through a shared mapping of the
+ * backing file): accounts it through fd (or its O_PATH fd if -1), the growth reserved first as a write's
+ * would be, so that eviction makes room and the count stays within max_size (counted all the same if
+ * nothing can go: the blocks are on the disk). No lock of ours held. */
+void kfs_space_account_grown(struct kfs *fs, struct kfs_inode *in, int fd);
 /* Evicts least recently used files until used <= target (sparing recently used ones if grace). Returns
  * bytes freed or -errno. */
 int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace);
@@ -281,9 +338,28 @@ void kfs_evict_start(struct kfs *fs);
 /* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
 int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
 
+/* log.c */
+/* A detached daemon's stderr becomes a pipe to a thread that writes each line to syslog, rate-limited.
+ * 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
+struct kfs_log;
+int kfs_log_detach(struct kfs_log **ret);
+/* At exit: everything said so far reaches syslog before the process ends. NULL: nothing to do. */
+void kfs_log_finish(struct kfs_log *l);
+
+/* settle.c */
+/* An allocating operation touched in: it is measured again after its writeback (settle.c). */
+void kfs_settle_note(struct kfs *fs, struct kfs_inode *in);
+/* Measures every queued file now (the flush action, kcache verify). Returns how many. */
+size_t kfs_settle_all(struct kfs *fs);
+/* Stops the settler and measures what is left (before the index closes). */
+void kfs_settle_stop(struct kfs *fs);
+
 /* reap.c */
-/* Closes fd (an evicted file's last reference) on the reaper thread. */
-void kfs_reap(struct kfs *fs, int fd);
+/* Closes fd (an evicted file's last reference, holding bytes) on the reaper thread, or here if the
+ * queue holds kfs_reap_bound() bytes already. */
+void kfs_reap(struct kfs *fs, int fd, uint64_t bytes);
+/* The most bytes of evicted files whose blocks the backing filesystem may still hold. */
+uint64_t kfs_reap_bound(const struct kfs *fs);
 /* Waits until every fd queued so far is closed (their blocks freed). */
 void kfs_reap_drain(struct kfs *fs);
 /* Closes what is queued and stops the reaper (after the last request). */

@@ -19,6 +19,8 @@
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
@@ -30,6 +32,7 @@
 #define DEFAULT_LOW_WATERMARK 90
 #define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK
 #define DEFAULT_TIMEOUT 3600.0
+#define LOCK_WAIT_MS 30000 /* for a daemon that is stopping to let go of the index */
 
 static void usage(const char *prog)
 {
@@ -178,7 +181,7 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("the backing directory '%s' is on overlayfs, whose files report other devices and "
                             "inode numbers than its directories; the cache needs one real filesystem: use a "
                             "volume or bind mount from the host, a local disk or tmpfs", o->backing);
-        if ((r = check_dir("mount point", mountpoint_arg, &o->mountpoint, false)))
+        if (!o->mountpoint && (r = check_dir("mount point", mountpoint_arg, &o->mountpoint, false)))
                 return r;
         if (path_within(o->mountpoint, o->backing))
                 return fail("the mount point '%s' is inside the backing directory '%s'", o->mountpoint, o->backing);
@@ -218,6 +221,89 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         return 0;
 }
 
+/* Tells systemd (Type=notify, $NOTIFY_SOCKET) how the daemon is doing: READY=1 once it serves. */
+static void sd_notify(const char *state)
+{
+        const char *path = getenv("NOTIFY_SOCKET");
+        if (!path || (path[0] != '/' && path[0] != '@'))
+                return;
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        size_t len = strlen(path);
+        if (len >= sizeof(sa.sun_path))
+                return;
+        memcpy(sa.sun_path, path, len);
+        if (sa.sun_path[0] == '@')
+                sa.sun_path[0] = '\0'; /* an abstract socket */
+        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+                return;
+        (void)sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
+                     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len));
+        close(fd);
+}
+
+/* From the end of serving until exit, the lock file says so (see take_index_lock). */
+static void mark_stopping(int lock_fd)
+{
+        char line[64];
+        int n = snprintf(line, sizeof(line), "%ld stopping\n", (long)getpid());
+        if (lock_fd >= 0 && pwrite(lock_fd, line, (size_t)n, 0) < 0) {
+                /* a remount then fails at once, as it always did */
+        }
+}
+
+/* libfuse's own -o options, checked before anything is made: a session is made and thrown away (it
+ * mounts nothing). An unknown option used to fail only after the index had been created. */
+static int check_fuse_opts(struct fuse_args *args)
+{
+        struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
+        for (int i = 0; i < args->argc; i++)
+                if (fuse_opt_add_arg(&copy, args->argv[i]) < 0)
+                        return fail("out of memory");
+        struct fuse_lowlevel_ops none = { 0 };
+        struct fuse_session *se = fuse_session_new(&copy, &none, sizeof(none), NULL);
+        fuse_opt_free_args(&copy);
+        if (!se)
+                return fail("invalid options (see --help): nothing was changed");
+        fuse_session_destroy(se);
+        return 0;
+}
+
+/* A mount point that has a mount already would hide it: refused (mountinfo, which names it exactly). */
+static int check_not_mounted(const char *mnt)
+{
+        FILE *f = fopen("/proc/self/mountinfo", "r");
+        if (!f)
+                return 0;
+        char line[8192];
+        int r = 0;
+        while (!r && fgets(line, sizeof(line), f)) {
+                char point[PATH_MAX], type[256] = "?";
+                /* id parent major:minor root MOUNTPOINT options ... - TYPE source ... (octal escapes) */
+                if (sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1)
+                        continue;
+                char *dash = strstr(line, " - ");
+                if (dash)
+                        sscanf(dash + 3, "%255s", type);
+                char un[PATH_MAX];
+                size_t j = 0;
+                for (size_t i = 0; point[i] && j + 1 < sizeof(un); i++) {
+                        if (point[i] == '\\' && point[i + 1] && point[i + 2] && point[i + 3]) {
+                                un[j++] = (char)((point[i + 1] - '0') * 64 + (point[i + 2] - '0') * 8 + (point[i + 3] - '0'));
+                                i += 3;
+                        } else {
+                                un[j++] = point[i];
+                        }
+                }
+                un[j] = '\0';
+                if (!strcmp(un, mnt))
+                        r = fail("the mount point '%s' has a mount already (%s): unmount it first, or choose another",
+                                 mnt, type);
+        }
+        fclose(f);
+        return r;
+}
+
 /* Creates the default metadata directory and takes the index lock. Returns the lock fd. */
 static int take_index_lock(struct kfs_opts *o, int *ret_fd)
 {
@@ -242,14 +328,28 @@ static int take_index_lock(struct kfs_opts *o, int *ret_fd)
         int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0)
                 return fail("cannot write the index at '%s': %s", o->index_path, strerror(errno));
-        if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-                char pid[32] = "";
+        /* A daemon that is stopping (unmounted, flushing its index) says so in the lock file: a remount
+         * right after fusermount3 -u waits for it, bounded, instead of failing 1 time in 10. */
+        int waited_ms = 0;
+        while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+                char pid[64] = "";
                 ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
-                if (n > 0)
-                        pid[strcspn(pid, "\n")] = '\0';
+                pid[n > 0 ? n : 0] = '\0';
+                bool stopping = strstr(pid, "stopping") != NULL;
+                pid[strcspn(pid, " \n")] = '\0';
+                if (stopping && waited_ms < LOCK_WAIT_MS) {
+                        if (waited_ms == 1000)
+                                fprintf(stderr, "kcachefs: waiting for kcachefs (pid %s) to finish stopping\n", pid);
+                        usleep(20000);
+                        waited_ms += 20;
+                        continue;
+                }
                 close(fd);
+                if (stopping)
+                        return fail("the index '%s' is still held by kcachefs (pid %s), which has been stopping for "
+                                    "%d s; try again once it has exited", o->index_path, pid, LOCK_WAIT_MS / 1000);
                 return fail("the index '%s' is in use by another kcachefs%s%s%s; two daemons must never share "
-                            "one index", o->index_path, n > 0 ? " (pid " : "", n > 0 ? pid : "", n > 0 ? ")" : "");
+                            "one index", o->index_path, *pid ? " (pid " : "", pid, *pid ? ")" : "");
         }
         char pid[32];
         int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
@@ -283,7 +383,7 @@ static int detach(void)
         return p[1];
 }
 
-static void detached_ready(int fd)
+static void detached_ready(int fd, struct kfs_log **log)
 {
         if (fd < 0)
                 return;
@@ -294,7 +394,8 @@ static void detached_ready(int fd)
         if (null >= 0) {
                 dup2(null, 0);
                 dup2(null, 1);
-                dup2(null, 2);
+                if (kfs_log_detach(log) < 0) /* stderr to syslog (log.c); /dev/null only if that fails */
+                        dup2(null, 2);
                 if (null > 2)
                         close(null);
         }
@@ -305,8 +406,8 @@ static void detached_ready(int fd)
         close(fd);
 }
 
-/* One fd per inode the kernel knows (and per evicted inode it has not forgotten yet, see evict.c): allow
- * as many as possible. Root may raise the hard limit too, up to fs.nr_open; others get their hard limit. */
+/* The inodes' fds are a bounded set sized from this limit (inode.c, DESCRIPTORS): allow as many as
+ * possible. Root may raise the hard limit too, up to fs.nr_open; others get their hard limit. */
 static void raise_fd_limit(void)
 {
         struct rlimit rl;
@@ -370,6 +471,9 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_cond_init(&fs->space_cond, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);
+        pthread_mutex_init(&fs->settle.lock, NULL);
+        pthread_cond_init(&fs->settle.cond, NULL);
+        kmap_init(&fs->settle.queue);
         pthread_mutex_init(&fs->reap.lock, NULL);
         pthread_cond_init(&fs->reap.cond, NULL);
         pthread_cond_init(&fs->repair_cond, NULL);
@@ -389,6 +493,8 @@ int main(int argc, char *argv[])
         struct fuse_cmdline_opts cmd = { 0 };
         struct kfs fs = { .root_fd = -1, .root.fd = -1, .dead_fd = -1 };
         int lock_fd = -1, ready_fd = -1, ret = 1;
+        bool served = false;
+        struct kfs_log *log = NULL;
 
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;
@@ -408,11 +514,15 @@ int main(int argc, char *argv[])
                 ret = 0;
                 goto out_args;
         }
+        /* The mount point first, in our words: libfuse's parser says it its own way, and then we would
+         * add a misleading second line. */
+        if (fs.o.mountpoint_arg && check_dir("mount point", fs.o.mountpoint_arg, &fs.o.mountpoint, false))
+                goto out_args;
         if (fuse_parse_cmdline(&args, &cmd) != 0) {
                 fail("invalid options (see --help)");
                 goto out_args;
         }
-        if (check_opts(&fs.o, cmd.mountpoint))
+        if (check_opts(&fs.o, cmd.mountpoint) || check_fuse_opts(&args) || check_not_mounted(fs.o.mountpoint))
                 goto out_args;
 
         if (!cmd.foreground && (ready_fd = detach()) < 0) {
@@ -443,8 +553,12 @@ int main(int argc, char *argv[])
         }
         struct kidx_stats ks;
         kidx_get_stats(fs.idx, &ks);
-        presize_fd_table(fs.root_fd, ks.files);
+        kfs_inode_fds_init(&fs, ks.files);
+        presize_fd_table(fs.root_fd, ks.files < fs.fdc.cap ? ks.files : fs.fdc.cap);
         fs.owner = getuid();
+        /* New objects get the caller's mode under the caller's umask (kfs_req_mode), never ours on top.
+         * Everything the daemon makes for itself was made above, or is made by SQLite with 0644. */
+        umask(0);
 
         fs.se = fuse_session_new(&args, &kfs_ops, sizeof(kfs_ops), &fs);
         if (!fs.se)
@@ -461,8 +575,13 @@ int main(int argc, char *argv[])
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
         }
-        detached_ready(ready_fd);
+        detached_ready(ready_fd, &log);
         ready_fd = -1;
+        served = true;
+        sd_notify("READY=1");
+        fprintf(stderr, "kcachefs: mounted %s on %s (max_size %llu bytes, %llu files, %llu bytes used)\n",
+                fs.o.backing, fs.o.mountpoint, (unsigned long long)fs.o.max_size, (unsigned long long)ks.files,
+                (unsigned long long)kidx_used(fs.idx));
         kfs_evict_start(&fs);
 
         if (cmd.singlethread) {
@@ -490,7 +609,10 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
+        mark_stopping(lock_fd);
+        sd_notify("STOPPING=1");
 out_unmount:
+        kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */
         kfs_evict_stop(&fs);
         kfs_flock_stop(&fs); /* its waiters' replies may go through the rings */
         kfs_ring_stop(&fs);
@@ -503,6 +625,9 @@ out_session:
 out_idx:
         /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
         kidx_close(fs.idx, ret == 0);
+        if (served)
+                fprintf(stderr, "kcachefs: unmounted %s; the index is %s\n", fs.o.mountpoint,
+                        ret == 0 ? "flushed and marked clean" : "left to be reconciled at the next mount");
 out_fs:
         kfs_evict_free(&fs);
         kfs_inode_table_free(&fs);
@@ -518,5 +643,6 @@ out_args:
         kfs_free_opts(&fs.o);
         free(cmd.mountpoint);
         fuse_opt_free_args(&args);
+        kfs_log_finish(log);
         return ret;
 }

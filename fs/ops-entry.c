@@ -3,8 +3,8 @@
  *
  * Every handler replies exactly once; helpers return -errno and the sign flips at the reply.
  * Namespace changes are told to the index (kidx_*_dent, kidx_del_file) after the backing call succeeded,
- * so the index never records what did not happen. Accounting of a removed file uses the inode's alloc
- * when the kernel knows it (T3), else the backing st_blocks. */
+ * so the index never records what did not happen. A removed file stops counting with what its row holds
+ * (kidx I3). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -43,21 +43,31 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
 {
         if (kfs_hidden(fs, dir, name))
                 return -ENOENT;
+        if (kfs_stale(dir))
+                return -ESTALE; /* eviction removed the directory (evict.c, EMPTIED DIRECTORIES) */
         memset(e, 0, sizeof(*e));
+        int dfd = kfs_inode_fd(fs, dir), r;
+        if (dfd < 0)
+                return dfd;
         for (int tries = 0;; tries++) {
-                if (fstatat(dir->fd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0)
-                        return -errno;
-                if (e->attr.st_dev != fs->dev)
-                        return -EXDEV; /* a mount inside the backing directory is not part of the cache */
+                if (fstatat(dfd, name, &e->attr, AT_SYMLINK_NOFOLLOW) < 0) {
+                        r = -errno;
+                        break;
+                }
+                if (e->attr.st_dev != fs->dev) {
+                        r = -EXDEV; /* a mount inside the backing directory is not part of the cache */
+                        break;
+                }
                 struct kfs_inode *in;
-                int r = kfs_inode_ref(fs, dir->fd, name, &e->attr, -1, &in);
+                r = kfs_inode_ref(fs, dfd, name, &e->attr, -1, &in);
                 if (r == -ESTALE && tries < 8)
                         continue;
-                if (r < 0)
-                        return r;
-                fill_entry(fs, in, e);
-                return 0;
+                if (r == 0)
+                        fill_entry(fs, in, e);
+                break;
         }
+        kfs_inode_fd_put(fs, dir, dfd);
+        return r;
 }
 
 int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int fd, const struct stat *st,
@@ -71,7 +81,7 @@ int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int
         memset(e, 0, sizeof(*e));
         e->attr = *st;
         struct kfs_inode *in;
-        int r = kfs_inode_ref(fs, dir->fd, name, st, pfd, &in);
+        int r = kfs_inode_ref(fs, -1, name, st, pfd, &in); /* by its fd: the directory is not needed */
         if (r < 0)
                 return r;
         fill_entry(fs, in, e);
@@ -122,7 +132,7 @@ static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, str
         }
         /* Through the handle's fd when it has one (a lazy passthrough handle may not: its inode's will do) */
         int fd = fi && !S_ISDIR(in->type) && !kfs_lazy_handle(fi) ? (int)(uint32_t)fi->fh : -1;
-        int r = fd >= 0 ? (fstat(fd, &st) < 0 ? -errno : 0) : kfs_fstat_inode(in, &st);
+        int r = fd >= 0 ? (fstat(fd, &st) < 0 ? -errno : 0) : kfs_fstat_inode(fs, in, &st);
         if (r < 0) {
                 fuse_reply_err(req, -r);
                 return;
@@ -157,12 +167,17 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 fuse_reply_err(req, ESTALE);
                 return;
         }
-        kfs_proc_path(proc, sizeof(proc), in->fd);
         int fd = fi ? kfs_handle_fd(fs, ino, fi) : -1;
         if (fi && fd < 0) {
                 fuse_reply_err(req, -fd);
                 return;
         }
+        int pfd = kfs_inode_fd(fs, in);
+        if (pfd < 0) {
+                fuse_reply_err(req, -pfd);
+                return;
+        }
+        kfs_proc_path(proc, sizeof(proc), pfd);
 
         if (valid & FUSE_SET_ATTR_MODE) {
                 r = fi ? fchmod(fd, attr->st_mode) : fchmodat(AT_FDCWD, proc, attr->st_mode, 0);
@@ -172,7 +187,7 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
         if (valid & (FUSE_SET_ATTR_UID | FUSE_SET_ATTR_GID)) {
                 uid_t u = valid & FUSE_SET_ATTR_UID ? attr->st_uid : (uid_t)-1;
                 gid_t g = valid & FUSE_SET_ATTR_GID ? attr->st_gid : (gid_t)-1;
-                if (fchownat(in->fd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
+                if (fchownat(pfd, "", u, g, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0)
                         goto err;
         }
         if (valid & FUSE_SET_ATTR_SIZE) {
@@ -181,21 +196,22 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 r = fi ? ftruncate(fd, attr->st_size) : truncate(proc, attr->st_size);
                 struct stat st;
                 int e = errno;
-                if (r == 0 && kfs_fstat_inode(in, &st) == 0)
+                if (r == 0 && fstatat(pfd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0)
                         kfs_inode_account_locked(fs, in, &st);
                 in->cache_ok = false;
                 pthread_mutex_unlock(&in->lock);
                 errno = e;
                 if (r < 0)
                         goto err;
+                kfs_settle_note(fs, in);
         }
         if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {
                 struct timespec tv[2] = {
                         set_time(valid, FUSE_SET_ATTR_ATIME_NOW, FUSE_SET_ATTR_ATIME, attr->st_atim),
                         set_time(valid, FUSE_SET_ATTR_MTIME_NOW, FUSE_SET_ATTR_MTIME, attr->st_mtim),
                 };
-                if (S_ISLNK(in->type))
-                        r = -1, errno = EPERM; /* no utimens on a symlink through its O_PATH fd */
+                if (S_ISLNK(in->type)) /* the link itself, as utimensat(AT_SYMLINK_NOFOLLOW) asked */
+                        r = utimensat(pfd, "", tv, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW);
                 else
                         r = fi ? futimens(fd, tv) : utimensat(AT_FDCWD, proc, tv, 0);
                 if (r < 0)
@@ -208,19 +224,26 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                         kidx_set_atime(fs->idx, in->bino, a);
                 }
         }
+        kfs_inode_fd_put(fs, in, pfd);
         reply_attr(req, fs, in, fi);
         return;
 err:
-        fuse_reply_err(req, errno);
+        r = errno;
+        kfs_inode_fd_put(fs, in, pfd);
+        fuse_reply_err(req, r);
 }
 
 void kfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 {
         struct kfs *fs = kfs_of(req);
         char buf[PATH_MAX + 1];
-        ssize_t n = readlinkat(kfs_inode_get(fs, ino)->fd, "", buf, sizeof(buf));
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        int fd = kfs_inode_fd(fs, in);
+        ssize_t n = fd < 0 ? fd : readlinkat(fd, "", buf, sizeof(buf));
+        int e = n < 0 && fd >= 0 ? errno : -fd;
+        kfs_inode_fd_put(fs, in, fd);
         if (n < 0)
-                fuse_reply_err(req, errno);
+                fuse_reply_err(req, e);
         else if (n >= (ssize_t)sizeof(buf))
                 fuse_reply_err(req, ENAMETOOLONG);
         else {
@@ -231,18 +254,21 @@ void kfs_op_readlink(fuse_req_t req, fuse_ino_t ino)
 
 int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name, int fd)
 {
-        (void)fs;
         if (geteuid() != 0)
                 return 0;
         const struct fuse_ctx *c = fuse_req_ctx(req);
         if (c->uid == 0 && c->gid == 0)
                 return 0;
         struct stat ds;
-        if (kfs_fstat_inode(dir, &ds) < 0)
-                return -errno;
+        int dfd = kfs_inode_fd(fs, dir);
+        if (dfd < 0)
+                return dfd;
+        int r = fstatat(dfd, "", &ds, AT_EMPTY_PATH) < 0 ? -errno : 0;
         gid_t g = ds.st_mode & S_ISGID ? (gid_t)-1 : c->gid; /* a setgid directory decides the group */
-        int r = fd >= 0 ? fchown(fd, c->uid, g) : fchownat(dir->fd, name, c->uid, g, AT_SYMLINK_NOFOLLOW);
-        return r < 0 ? -errno : 0;
+        if (r == 0 && (fd >= 0 ? fchown(fd, c->uid, g) : fchownat(dfd, name, c->uid, g, AT_SYMLINK_NOFOLLOW)) < 0)
+                r = -errno;
+        kfs_inode_fd_put(fs, dir, dfd);
+        return r;
 }
 
 static enum kidx_type kidx_type_of(mode_t m)
@@ -257,29 +283,39 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *dir = kfs_inode_get(fs, parent);
         int r;
-        if (kfs_hidden(fs, dir, name)) {
-                fuse_reply_err(req, EPERM);
+        if (kfs_hidden(fs, dir, name) || kfs_stale(dir)) {
+                fuse_reply_err(req, kfs_stale(dir) ? ESTALE : EPERM);
                 return;
         }
+        int dfd = kfs_inode_fd(fs, dir);
+        if (dfd < 0) {
+                fuse_reply_err(req, -dfd);
+                return;
+        }
+        mode_t perm = kfs_req_mode(req, mode) & 07777;
         if (link)
-                r = symlinkat(link, dir->fd, name);
+                r = symlinkat(link, dfd, name);
         else if (S_ISDIR(mode))
-                r = mkdirat(dir->fd, name, mode & 07777);
+                r = mkdirat(dfd, name, perm);
         else
-                r = mknodat(dir->fd, name, mode, rdev);
+                r = mknodat(dfd, name, (mode & S_IFMT) | perm, rdev);
         if (r < 0) {
-                fuse_reply_err(req, errno);
+                r = errno;
+                kfs_inode_fd_put(fs, dir, dfd);
+                fuse_reply_err(req, r);
                 return;
         }
         r = kfs_set_owner(fs, req, dir, name, -1);
         struct stat st;
-        if (r == 0 && fstatat(dir->fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        if (r == 0 && fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 r = -errno;
         if (r < 0) {
-                unlinkat(dir->fd, name, S_ISDIR(mode) && !link ? AT_REMOVEDIR : 0);
+                unlinkat(dfd, name, S_ISDIR(mode) && !link ? AT_REMOVEDIR : 0);
+                kfs_inode_fd_put(fs, dir, dfd);
                 fuse_reply_err(req, -r);
                 return;
         }
+        kfs_inode_fd_put(fs, dir, dfd);
         if (S_ISREG(st.st_mode))
                 kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
         kidx_add_dent(fs->idx, dir->bino, name, st.st_ino, kidx_type_of(st.st_mode));
@@ -311,18 +347,26 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino), *dir = kfs_inode_get(fs, newparent);
         char proc[64];
-        if (kfs_hidden(fs, dir, newname) || kfs_stale(in)) {
-                fuse_reply_err(req, kfs_stale(in) ? ESTALE : EPERM);
+        if (kfs_hidden(fs, dir, newname) || kfs_stale(in) || kfs_stale(dir)) {
+                fuse_reply_err(req, kfs_stale(in) || kfs_stale(dir) ? ESTALE : EPERM);
                 return;
         }
-        kfs_proc_path(proc, sizeof(proc), in->fd);
-        if (linkat(AT_FDCWD, proc, dir->fd, newname, AT_SYMLINK_FOLLOW) < 0) {
-                fuse_reply_err(req, errno);
+        int fd = kfs_inode_fd(fs, in), dfd = fd < 0 ? fd : kfs_inode_fd(fs, dir);
+        int r = dfd < 0 ? dfd : 0;
+        if (r == 0) {
+                kfs_proc_path(proc, sizeof(proc), fd);
+                if (linkat(AT_FDCWD, proc, dfd, newname, AT_SYMLINK_FOLLOW) < 0)
+                        r = -errno;
+        }
+        kfs_inode_fd_put(fs, dir, dfd);
+        kfs_inode_fd_put(fs, in, fd);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
                 return;
         }
         kidx_add_dent(fs->idx, dir->bino, newname, in->bino, kidx_type_of(in->type));
         struct fuse_entry_param e;
-        int r = kfs_do_lookup(fs, dir, newname, &e);
+        r = kfs_do_lookup(fs, dir, newname, &e);
         if (r < 0)
                 fuse_reply_err(req, -r);
         else
@@ -335,7 +379,6 @@ static void forget_name_of_file(struct kfs *fs, const struct stat *st)
 {
         if (!S_ISREG(st->st_mode) || st->st_nlink > 1)
                 return;
-        uint64_t bytes = (uint64_t)st->st_blocks * 512;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
         pthread_mutex_unlock(&fs->itable_lock);
@@ -343,10 +386,9 @@ static void forget_name_of_file(struct kfs *fs, const struct stat *st)
         if (in) {
                 pthread_mutex_lock(&in->lock);
                 in->unlinked = true;
-                bytes = in->alloc;
                 pthread_mutex_unlock(&in->lock);
         }
-        kidx_del_file(fs->idx, st->st_ino, bytes);
+        kidx_del_file(fs->idx, st->st_ino); /* with the bytes its row holds (kidx I3) */
 }
 
 void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
@@ -358,15 +400,22 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
                 fuse_reply_err(req, ENOENT);
                 return;
         }
+        int dfd = kfs_inode_fd(fs, dir);
+        if (dfd < 0) {
+                fuse_reply_err(req, -dfd);
+                return;
+        }
         /* Hold the inode until the index is told, so that its number cannot go to a new file meanwhile. */
-        int hold = openat(dir->fd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-        if (hold < 0 || fstat(hold, &st) < 0 || unlinkat(dir->fd, name, 0) < 0) {
+        int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (hold < 0 || fstat(hold, &st) < 0 || unlinkat(dfd, name, 0) < 0) {
                 int e = errno;
                 if (hold >= 0)
                         close(hold);
+                kfs_inode_fd_put(fs, dir, dfd);
                 fuse_reply_err(req, e);
                 return;
         }
+        kfs_inode_fd_put(fs, dir, dfd);
         kidx_del_dent(fs->idx, dir->bino, name);
         forget_name_of_file(fs, &st);
         close(hold);
@@ -381,8 +430,11 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
                 fuse_reply_err(req, ENOENT);
                 return;
         }
-        if (unlinkat(dir->fd, name, AT_REMOVEDIR) < 0) {
-                fuse_reply_err(req, errno);
+        int dfd = kfs_inode_fd(fs, dir);
+        int r = dfd < 0 ? dfd : unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+        kfs_inode_fd_put(fs, dir, dfd);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
                 return;
         }
         kidx_del_dent(fs->idx, dir->bino, name);
@@ -402,17 +454,27 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 fuse_reply_err(req, kfs_hidden(fs, od, name) ? ENOENT : EPERM);
                 return;
         }
+        if (kfs_stale(od) || kfs_stale(nd)) {
+                fuse_reply_err(req, ESTALE);
+                return;
+        }
         struct stat src, dst;
         bool exchange = flags & RENAME_EXCHANGE;
-        if (fstatat(od->fd, name, &src, AT_SYMLINK_NOFOLLOW) < 0) {
-                fuse_reply_err(req, errno);
+        int ofd = kfs_inode_fd(fs, od), nfd = ofd < 0 ? ofd : kfs_inode_fd(fs, nd);
+        if (nfd < 0 || fstatat(ofd, name, &src, AT_SYMLINK_NOFOLLOW) < 0) {
+                int e = nfd < 0 ? -nfd : errno;
+                kfs_inode_fd_put(fs, nd, nfd);
+                kfs_inode_fd_put(fs, od, ofd);
+                fuse_reply_err(req, e);
                 return;
         }
         /* A replaced target is held until the index is told (see kfs_op_unlink). */
-        int hold = exchange ? -1 : openat(nd->fd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        int hold = exchange ? -1 : openat(nfd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
         bool replaced = hold >= 0 && fstat(hold, &dst) == 0;
-        if (syscall(SYS_renameat2, od->fd, name, nd->fd, newname, flags) < 0) {
-                int e = errno;
+        int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
+        kfs_inode_fd_put(fs, nd, nfd);
+        kfs_inode_fd_put(fs, od, ofd);
+        if (moved < 0) {
                 if (hold >= 0)
                         close(hold);
                 fuse_reply_err(req, e);
@@ -452,7 +514,9 @@ void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 return;
         }
         struct kfs_dir *d = calloc(1, sizeof(*d));
-        int fd = d ? openat(kfs_inode_get(fs, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        int fd = d ? kfs_inode_open(fs, kfs_inode_get(fs, ino), O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -ENOMEM;
+        if (fd < 0)
+                errno = -fd;
         if (fd < 0 || !(d->dp = fdopendir(fd))) {
                 int e = d ? errno : ENOMEM;
                 if (fd >= 0)
@@ -473,9 +537,9 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         struct kfs_inode *dir = kfs_inode_get(fs, ino);
         struct kfs_dir tmp = { 0 }, *d = (struct kfs_dir *)(uintptr_t)fi->fh;
         if (!d) {
-                int fd = openat(dir->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+                int fd = kfs_inode_open(fs, dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
                 if (fd < 0 || !(tmp.dp = fdopendir(fd))) {
-                        int e = errno;
+                        int e = fd < 0 ? -fd : errno;
                         if (fd >= 0)
                                 close(fd);
                         fuse_reply_err(req, e);
@@ -584,8 +648,8 @@ void kfs_op_fsyncdir(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_f
 {
         (void)fi;
         struct kfs *fs = kfs_of(req);
-        int fd = openat(kfs_inode_get(fs, ino)->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        int r = fd < 0 || (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0;
+        int fd = kfs_inode_open(fs, kfs_inode_get(fs, ino), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int r = fd < 0 ? -fd : (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0;
         if (fd >= 0)
                 close(fd);
         fuse_reply_err(req, r);
@@ -619,7 +683,7 @@ void kfs_op_access(fuse_req_t req, fuse_ino_t ino, int mask)
         struct kfs *fs = kfs_of(req);
         struct stat st;
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        int r = kfs_stale(in) ? -ESTALE : kfs_fstat_inode(in, &st);
+        int r = kfs_stale(in) ? -ESTALE : kfs_fstat_inode(fs, in, &st);
         if (r < 0 || mask == F_OK) {
                 fuse_reply_err(req, -r);
                 return;

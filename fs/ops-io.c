@@ -62,7 +62,7 @@ static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
         struct stat st;
         bool keep = false;
         pthread_mutex_lock(&in->lock);
-        if ((fd >= 0 ? fstat(fd, &st) : kfs_fstat_inode(in, &st)) == 0) {
+        if ((fd >= 0 ? fstat(fd, &st) : kfs_fstat_inode(fs, in, &st)) == 0) {
                 keep = in->cache_ok && (uint64_t)st.st_size == in->size && st.st_mtim.tv_sec == in->mtime.tv_sec &&
                        st.st_mtim.tv_nsec == in->mtime.tv_nsec;
                 kfs_inode_account_locked(fs, in, &st);
@@ -90,7 +90,7 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        int flags = (fi->flags & ~(O_CREAT | O_EXCL | O_NOCTTY | O_NOFOLLOW)) | O_CLOEXEC;
+        int flags = kfs_backing_flags(fi->flags & ~(O_CREAT | O_EXCL | O_NOFOLLOW));
         bool writer = is_writer(flags);
 
         pthread_mutex_lock(&fs->itable_lock);
@@ -109,7 +109,7 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
 
         /* A read-only open may become a passthrough one that needs no fd of ours (a lazy handle). */
         bool maybe_lazy = !writer && !(flags & O_TRUNC) && atomic_load(&fs->pt.on);
-        int fd = maybe_lazy ? -1 : kfs_inode_open(in, flags);
+        int fd = maybe_lazy ? -1 : kfs_inode_open(fs, in, flags);
         if (fd < 0 && !maybe_lazy)
                 goto fail;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
@@ -119,7 +119,7 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 atomic_init(&h->fd, fd);
                 h->flags = flags;
         }
-        if (!h && fd < 0 && (fd = kfs_inode_open(in, flags)) < 0) {
+        if (!h && fd < 0 && (fd = kfs_inode_open(fs, in, flags)) < 0) {
                 /* page-cache mode after all, or no memory for a lazy handle, and the open failed */
                 kfs_pt_release(fs, in, pt != 0);
                 goto fail;
@@ -155,7 +155,7 @@ int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
         int fd = atomic_load(&h->fd);
         if (fd >= 0)
                 return fd;
-        int nfd = kfs_inode_open(kfs_inode_get(fs, ino), h->flags);
+        int nfd = kfs_inode_open(fs, kfs_inode_get(fs, ino), h->flags);
         if (nfd < 0)
                 return nfd;
         if (!atomic_compare_exchange_strong(&h->fd, &fd, nfd)) { /* another request opened it first */
@@ -169,19 +169,26 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *dir = kfs_inode_get(fs, parent);
-        if (kfs_hidden(fs, dir, name)) {
-                fuse_reply_err(req, EPERM);
+        if (kfs_hidden(fs, dir, name) || kfs_stale(dir)) {
+                fuse_reply_err(req, kfs_stale(dir) ? ESTALE : EPERM); /* ESTALE: evicted (EMPTIED DIRECTORIES) */
                 return;
         }
-        int flags = (fi->flags & ~(O_NOCTTY)) | O_CLOEXEC | O_NOFOLLOW;
+        int flags = kfs_backing_flags(fi->flags) | O_NOFOLLOW;
         bool created = true, indexed = false;
-        int fd = openat(dir->fd, name, flags | O_CREAT | O_EXCL, mode);
+        int dfd = kfs_inode_fd(fs, dir);
+        if (dfd < 0) {
+                fuse_reply_err(req, -dfd);
+                return;
+        }
+        int fd = openat(dfd, name, flags | O_CREAT | O_EXCL, kfs_req_mode(req, mode));
         if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
                 created = false; /* it appeared since the kernel's lookup: open it as it is */
-                fd = openat(dir->fd, name, flags & ~O_CREAT);
+                fd = openat(dfd, name, flags & ~O_CREAT);
         }
         if (fd < 0) {
-                fuse_reply_err(req, errno);
+                int e = errno;
+                kfs_inode_fd_put(fs, dir, dfd);
+                fuse_reply_err(req, e);
                 return;
         }
         struct stat st;
@@ -216,6 +223,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         fi->direct_io = pt != 0 || in->bookkeeping;
         fi->noflush = 1;
         kfs_pt_reply_next(pt);
+        kfs_inode_fd_put(fs, dir, dfd);
         r = fuse_reply_create(req, &e, fi);
         kfs_pt_reply_next(0);
         if (r == -ENOENT) {
@@ -227,15 +235,16 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
 fail:
         if (made) { /* undo the create, if the name still is ours (see kfs_entry_of_fd) */
                 struct stat now;
-                if (fstatat(dir->fd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == made) {
-                        unlinkat(dir->fd, name, 0);
+                if (fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == made) {
+                        unlinkat(dfd, name, 0);
                         if (indexed) {
                                 kidx_del_dent(fs->idx, dir->bino, name);
-                                kidx_del_file(fs->idx, made, (uint64_t)st.st_blocks * 512);
+                                kidx_del_file(fs->idx, made);
                         }
                 }
         }
         close(fd);
+        kfs_inode_fd_put(fs, dir, dfd);
         fuse_reply_err(req, -r);
 }
 
@@ -303,7 +312,8 @@ static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct 
                 kfs_evict_for_enospc(fs, est ? est : (uint64_t)op->len);
                 res = run_op(op);
         }
-        if (est || res < 0) {
+        /* A fallocate is measured even without a reservation: a punch frees blocks. */
+        if (est || res < 0 || !op->src) {
                 struct stat st;
                 pthread_mutex_lock(&in->lock);
                 bool ok = fstat(op->fd, &st) == 0;
@@ -329,6 +339,7 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 fuse_reply_err(req, (int)-res);
                 return;
         }
+        kfs_settle_note(fs, in); /* measured again after writeback (settle.c) */
         if (!fs->o.nolog) {
                 int64_t now = kfs_now_ns();
                 kidx_touch(fs->idx, in->bino, now, 0, 0);
@@ -360,6 +371,8 @@ void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t
         }
         uint64_t est = mode & FALLOC_FL_PUNCH_HOLE ? 0 : estimate(in, (uint64_t)off, (uint64_t)len);
         ssize_t res = allocating_op(fs, in, &op, est, true);
+        if (res >= 0)
+                kfs_settle_note(fs, in);
         fuse_reply_err(req, res < 0 ? (int)-res : 0);
 }
 
@@ -390,12 +403,10 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 free(h);
         } else {
                 if (pt && is_writer(fi->flags)) {
-                        /* Its shared mappings wrote to the backing file directly: account them. */
-                        struct stat st;
-                        pthread_mutex_lock(&in->lock);
-                        if (fstat((int)(uint32_t)fi->fh, &st) == 0)
-                                kfs_inode_account_locked(fs, in, &st);
-                        pthread_mutex_unlock(&in->lock);
+                        /* Its shared mappings wrote to the backing file directly: account them, with
+                         * room made for them first, and again once they are written back. */
+                        kfs_space_account_grown(fs, in, (int)(uint32_t)fi->fh);
+                        kfs_settle_note(fs, in);
                 }
                 kfs_flock_close(fs, (int)(uint32_t)fi->fh);
         }

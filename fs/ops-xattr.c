@@ -10,14 +10,17 @@
 
 #include "kfs.h"
 
-static int xattr_path(struct kfs_inode *in, char *buf, size_t size)
+/* Borrows in's fd (returned, for xattr_done) and writes its /proc link into buf; -errno. */
+static int xattr_path(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size)
 {
         if (kfs_stale(in))
                 return -ESTALE;
         if (S_ISLNK(in->type))
                 return -ENOTSUP;
-        kfs_proc_path(buf, size, in->fd);
-        return 0;
+        int fd = kfs_inode_fd(fs, in);
+        if (fd >= 0)
+                kfs_proc_path(buf, size, fd);
+        return fd;
 }
 
 /* getxattr/listxattr share the size protocol: size 0 asks for the length; too small is ERANGE. */
@@ -37,24 +40,24 @@ void kfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t si
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
-        char path[64];
-        int r = xattr_path(in, path, sizeof(path));
-        if (r < 0) {
-                fuse_reply_err(req, -r);
-                return;
-        }
         if (kfs_ctl_is_ours(name)) {
                 char val[4096];
-                reply_value(req, size, val, kfs_ctl_get(fs, in, name, val, sizeof(val)));
+                int r = kfs_stale(in) ? -ESTALE : S_ISLNK(in->type) ? -ENOTSUP : 0;
+                reply_value(req, size, val, r < 0 ? r : kfs_ctl_get(fs, in, name, val, sizeof(val)));
+                return;
+        }
+        char path[64];
+        int fd = xattr_path(fs, in, path, sizeof(path));
+        if (fd < 0) {
+                fuse_reply_err(req, -fd);
                 return;
         }
         char *buf = size ? malloc(size) : NULL;
-        if (size && !buf) {
-                fuse_reply_err(req, ENOMEM);
-                return;
-        }
-        ssize_t n = getxattr(path, name, buf, size);
-        reply_value(req, size, buf, n < 0 ? -errno : n);
+        ssize_t n = size && !buf ? -ENOMEM : getxattr(path, name, buf, size);
+        if (n < 0 && n != -ENOMEM)
+                n = -errno;
+        kfs_inode_fd_put(fs, in, fd);
+        reply_value(req, size, buf, n);
         free(buf);
 }
 
@@ -63,26 +66,23 @@ void kfs_op_listxattr(fuse_req_t req, fuse_ino_t ino, size_t size)
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(in, path, sizeof(path));
-        if (r < 0) {
-                fuse_reply_err(req, -r);
+        int fd = xattr_path(fs, in, path, sizeof(path));
+        if (fd < 0) {
+                fuse_reply_err(req, -fd);
                 return;
         }
+        char *buf = NULL;
         ssize_t n = listxattr(path, NULL, 0);
-        if (n < 0) {
-                fuse_reply_err(req, errno);
-                return;
-        }
-        size_t ours = kfs_ctl_list(fs, in, NULL, 0), cap = (size_t)n + ours + 1;
-        char *buf = malloc(cap);
-        if (!buf) {
-                fuse_reply_err(req, ENOMEM);
-                return;
-        }
-        n = listxattr(path, buf, cap);
+        size_t cap = n < 0 ? 0 : (size_t)n + kfs_ctl_list(fs, in, NULL, 0) + 1;
+        if (n >= 0 && !(buf = malloc(cap)))
+                n = -1, errno = ENOMEM;
+        if (n >= 0)
+                n = listxattr(path, buf, cap);
+        int e = errno;
+        kfs_inode_fd_put(fs, in, fd);
         if (n < 0) {
                 free(buf);
-                fuse_reply_err(req, errno);
+                fuse_reply_err(req, e);
                 return;
         }
         /* Backing names first, without any user.kcachefs.* that a copy may have brought along. */
@@ -105,11 +105,15 @@ void kfs_op_setxattr(fuse_req_t req, fuse_ino_t ino, const char *name, const cha
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(in, path, sizeof(path));
-        if (r == 0 && kfs_ctl_is_ours(name))
+        int r = kfs_stale(in) ? -ESTALE : S_ISLNK(in->type) ? -ENOTSUP : 0;
+        if (r == 0 && kfs_ctl_is_ours(name)) {
                 r = kfs_ctl_set(req, fs, in, name, value, size);
-        else if (r == 0 && setxattr(path, name, value, size, flags) < 0)
-                r = -errno;
+        } else if (r == 0) {
+                int fd = r = xattr_path(fs, in, path, sizeof(path));
+                if (fd >= 0)
+                        r = setxattr(path, name, value, size, flags) < 0 ? -errno : 0;
+                kfs_inode_fd_put(fs, in, fd);
+        }
         fuse_reply_err(req, -r);
 }
 
@@ -118,10 +122,14 @@ void kfs_op_removexattr(fuse_req_t req, fuse_ino_t ino, const char *name)
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         char path[64];
-        int r = xattr_path(in, path, sizeof(path));
-        if (r == 0 && kfs_ctl_is_ours(name))
+        int r = kfs_stale(in) ? -ESTALE : S_ISLNK(in->type) ? -ENOTSUP : 0;
+        if (r == 0 && kfs_ctl_is_ours(name)) {
                 r = kfs_ctl_remove(req, fs, in, name);
-        else if (r == 0 && removexattr(path, name) < 0)
-                r = -errno;
+        } else if (r == 0) {
+                int fd = r = xattr_path(fs, in, path, sizeof(path));
+                if (fd >= 0)
+                        r = removexattr(path, name) < 0 ? -errno : 0;
+                kfs_inode_fd_put(fs, in, fd);
+        }
         fuse_reply_err(req, -r);
 }

@@ -76,6 +76,7 @@ void kfs_free_opts(struct kfs_opts *o)
 {
         free(o->backing);
         free(o->mountpoint);
+        free(o->mountpoint_arg);
         free(o->index_path);
         free(o->max_size_str);
         free(o->low_watermark_str);
@@ -127,6 +128,8 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
                         o->backing = strdup(arg);
                         return 0; /* the first operand is ours; the second is libfuse's mountpoint */
                 }
+                if (!o->mountpoint_arg)
+                        o->mountpoint_arg = strdup(arg); /* checked before libfuse sees it (main.c) */
                 return 1;
         case KEY_HELP:
                 o->show_help = 1;

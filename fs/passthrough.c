@@ -136,7 +136,7 @@ int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bo
                 id = have;
         } else if (!writer && in->cached_opens == 0 && atomic_load(&fs->pt.on)) {
                 if (have <= 0 && *fd < 0) {
-                        int r = kfs_inode_open(in, flags);
+                        int r = kfs_inode_open(fs, in, flags);
                         *fd = r < 0 ? -1 : r;
                 }
                 int r = have > 0 ? have : *fd >= 0 ? backing_open(fs, *fd) : 0; /* kept, or registered now */

@@ -34,6 +34,19 @@
  * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
  * of a ring's submissions come from its owner.
  *
+ * A QUEUE NEVER STALLS. The kernel gives a request to an entry that waits for one; with none waiting, it
+ * queues the request, and takes queued requests only when an entry commits a reply (COMMIT_AND_FETCH), not
+ * when a new entry registers. So after a burst of flock() waits that took every entry at once (64 waiters
+ * here, 2 entries per queue), the requests queued in that moment, an OPENDIR or the unlock that ends
+ * the waits among them, stayed queued behind the new entries until some unrelated request came and was
+ * answered: `ls` of the mount hung. So whenever a thread registered new entries for replies held back, it
+ * also starts a nudge: a short thread that makes one request of its own (a statfs of the mount) on that
+ * queue's CPU, after the new entries are in. An entry answers it, and that commit takes the next queued
+ * request, whose answer takes the next. A nudge is a thread of its own, not a turn of one nudger, since
+ * a nudge can itself be queued in such a moment (a request of the burst took the new entry first); it
+ * is then answered with the rest, and the deferral that took the entry starts a nudge of its own, so
+ * the last event of any burst is a nudge that finds an entry waiting. At most NUDGES_MAX run at once.
+ *
  * A LOCK AFTER ITS HOLDER EXITED. With the rings, a holder's RELEASE (queued at its last close) waits in
  * its CPU's queue while a LOCK_NB from another CPU may be served first; flock.c waits for it. Until that
  * was found, this was opt-in (test_fs_posix.py's flock test failed about 1 run in 50).
@@ -50,6 +63,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
@@ -91,6 +105,7 @@ struct ring_thread {
         bool started;
         unsigned sq_entries;
         bool ok;                  /* set up, its entry's registration submitted */
+        bool nudge;               /* owner: registered entries for replies held back in this batch */
         pthread_mutex_t lock;
         struct ring_ent *handoff; /* replies from other threads; lock */
 };
@@ -107,6 +122,8 @@ struct kfs_ring {
         struct ring_thread probe; /* made before INIT's reply, by the thread that sends it */
         struct ring_thread *t;    /* nt */
         struct ring_ent *_Atomic ents; /* list through ->all */
+        _Atomic unsigned nudges;  /* nudge threads running (A QUEUE NEVER STALLS) */
+        _Atomic uint64_t nudged;  /* nudges made since mount */
 };
 
 static __thread struct ring_ent *cur_ent; /* the request this thread is handling */
@@ -284,8 +301,58 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
          * request that ends their wait included. Entries are never given back: there are as many as the
          * most replies ever outstanding at once. */
         struct ring_ent *n = ent_new(t);
-        if (n)
+        if (n) {
                 sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
+                t->nudge = true;
+        }
+}
+
+#define NUDGES_MAX 256
+
+struct nudge {
+        struct kfs *fs;
+        unsigned qid;
+};
+
+static void *nudge_main(void *arg)
+{
+        struct nudge n = *(struct nudge *)arg;
+        free(arg);
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(n.qid, &cpus);
+        struct statvfs sv;
+        if (sched_setaffinity(0, sizeof(cpus), &cpus) == 0) /* the kernel queues a request by its CPU */
+                (void)statvfs(n.fs->o.mountpoint, &sv);
+        atomic_fetch_add(&n.fs->ring->nudged, 1);
+        atomic_fetch_sub(&n.fs->ring->nudges, 1);
+        return NULL;
+}
+
+/* After t submitted the registration of new entries: a request on t's queue, from a thread of its own. */
+static void nudge(struct ring_thread *t)
+{
+        struct kfs_ring *r = t->fs->ring;
+        t->nudge = false;
+        if (atomic_fetch_add(&r->nudges, 1) >= NUDGES_MAX || atomic_load(&r->stop))
+                goto undo;
+        struct nudge *n = malloc(sizeof(*n));
+        pthread_attr_t a;
+        if (!n || pthread_attr_init(&a) != 0) {
+                free(n);
+                goto undo;
+        }
+        *n = (struct nudge){ t->fs, t->qid };
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        pthread_attr_setstacksize(&a, 64 * 1024);
+        /* Made by a ring thread, which blocks every signal: so does the nudge. */
+        int e = pthread_create(&(pthread_t){ 0 }, &a, nudge_main, n);
+        pthread_attr_destroy(&a);
+        if (e == 0)
+                return;
+        free(n);
+undo:
+        atomic_fetch_sub(&r->nudges, 1);
 }
 
 static void take_handoff(struct ring_thread *t)
@@ -380,6 +447,8 @@ static void *ring_main(void *arg)
                 __atomic_store_n(t->cq_head, head, __ATOMIC_RELEASE);
                 if (dead)
                         break;
+                if (t->nudge && (err = ring_enter(t, false)) == 0) /* the new entries first, then the nudge */
+                        nudge(t);
         }
         return NULL;
 }
@@ -584,6 +653,9 @@ void kfs_ring_stop(struct kfs *fs)
                         close(t->efd);
                 pthread_mutex_destroy(&t->lock);
         }
+        /* Nudges still running end at once: the mount is gone, their statfs reaches the directory below. */
+        for (int i = 0; atomic_load(&r->nudges) && i < 5000; i++)
+                usleep(1000);
         for (struct ring_ent *e = atomic_load(&r->ents), *next; e; e = next) {
                 next = e->all;
                 munmap(e->area, RING_ROOM + r->payload);

@@ -4,8 +4,10 @@
  * path. Structural changes become ops (ordered); per-file changes coalesce into one touch per inode, so a
  * file read a thousand times between two flushes costs one UPDATE. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kidx-internal.h"
 
@@ -74,15 +76,37 @@ void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns)
         pthread_mutex_unlock(&idx->batch_lock);
 }
 
-void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t old_bytes, uint64_t new_bytes)
+/* The bytes of ino's row (I3): *ret, and whether it has one. batch_lock held. */
+static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
 {
-        if (old_bytes == new_bytes)
+        uintptr_t v = (uintptr_t)kmap_get(&idx->sizes, ino);
+        *ret = v ? (uint64_t)v - 1 : 0;
+        return v != 0;
+}
+
+/* batch_lock held. On ENOMEM the row's size stays as it was (the next reconcile repairs it). */
+static void size_set(kidx *idx, uint64_t ino, uint64_t bytes)
+{
+        uint64_t old;
+        bool had = size_of(idx, ino, &old);
+        if (kmap_put(&idx->sizes, ino, (void *)(uintptr_t)(bytes + 1)) < 0)
                 return;
+        idx->stats.used_bytes += bytes - old; /* modular: exact for decreases too */
+        if (!had)
+                idx->stats.files++;
+}
+
+void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t new_bytes)
+{
         pthread_mutex_lock(&idx->batch_lock);
-        idx->stats.used_bytes += new_bytes - old_bytes; /* modular: exact for decreases too */
-        struct kidx__touch *t = touch_of(idx, ino);
-        if (t)
-                t->bytes = (int64_t)new_bytes;
+        uint64_t old;
+        if (size_of(idx, ino, &old) && old != new_bytes) {
+                struct kidx__touch *t = touch_of(idx, ino);
+                if (t) {
+                        t->bytes = (int64_t)new_bytes;
+                        size_set(idx, ino, new_bytes);
+                }
+        }
         pthread_mutex_unlock(&idx->batch_lock);
 }
 
@@ -108,10 +132,9 @@ void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_
                 t->bytes = (int64_t)bytes;
                 t->uid = uid;
                 t->opens = 1;
+                size_set(idx, ino, bytes); /* INSERT OR REPLACE: a row still held for ino is replaced */
         }
         idx->stats.opens++;
-        idx->stats.used_bytes += bytes;
-        idx->stats.files++;
         pthread_mutex_unlock(&idx->batch_lock);
 }
 
@@ -136,13 +159,14 @@ void kidx_add_dent(kidx *idx, uint64_t dir, const char *name, uint64_t ino, enum
         free(n);
 }
 
-void kidx_del_dent(kidx *idx, uint64_t dir, const char *name)
+static void del_dent(kidx *idx, enum kidx__op_kind kind, uint64_t dir, const char *name, uint64_t ino)
 {
         char *n = dup_name(name);
         pthread_mutex_lock(&idx->batch_lock);
-        struct kidx__op *op = n ? push_op(idx, OP_DEL_DENT) : NULL;
+        struct kidx__op *op = n ? push_op(idx, kind) : NULL;
         if (op) {
                 op->a = dir;
+                op->b = ino;
                 op->s1 = n;
                 n = NULL;
         }
@@ -150,19 +174,34 @@ void kidx_del_dent(kidx *idx, uint64_t dir, const char *name)
         free(n);
 }
 
-/* batch_lock held: the file's row goes away; a touch of it must not reach a reused inode (I4). */
-static void drop_file_locked(kidx *idx, uint64_t ino, uint64_t bytes)
+void kidx_del_dent(kidx *idx, uint64_t dir, const char *name)
 {
-        free(kmap_del(&idx->touches, ino));
-        idx->stats.used_bytes -= bytes;
-        if (idx->stats.files > 0)
-                idx->stats.files--;
+        del_dent(idx, OP_DEL_DENT, dir, name, 0);
 }
 
-void kidx_del_file(kidx *idx, uint64_t ino, uint64_t bytes)
+void kidx_del_dent_of(kidx *idx, uint64_t dir, const char *name, uint64_t ino)
+{
+        del_dent(idx, OP_DEL_DENT_INO, dir, name, ino);
+}
+
+/* batch_lock held: the file's row goes away; a touch of it must not reach a reused inode (I4). Returns
+ * the bytes the row held. */
+static uint64_t drop_file_locked(kidx *idx, uint64_t ino)
+{
+        free(kmap_del(&idx->touches, ino));
+        uint64_t bytes;
+        if (size_of(idx, ino, &bytes)) {
+                kmap_del(&idx->sizes, ino);
+                idx->stats.used_bytes -= bytes;
+                idx->stats.files--;
+        }
+        return bytes;
+}
+
+void kidx_del_file(kidx *idx, uint64_t ino)
 {
         pthread_mutex_lock(&idx->batch_lock);
-        drop_file_locked(idx, ino, bytes);
+        drop_file_locked(idx, ino);
         struct kidx__op *op = push_op(idx, OP_DEL_FILE);
         if (op)
                 op->a = ino;
@@ -186,11 +225,11 @@ void kidx_rename(kidx *idx, uint64_t odir, const char *oname, uint64_t ndir, con
         free(n);
 }
 
-void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int64_t now_ns)
+uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns)
 {
         char *p = dup_name(path);
         pthread_mutex_lock(&idx->batch_lock);
-        drop_file_locked(idx, ino, bytes);
+        uint64_t bytes = drop_file_locked(idx, ino);
         idx->stats.evicted_files++;
         idx->stats.evicted_bytes += bytes;
         struct kidx__op *op = push_op(idx, OP_EVICTED);
@@ -203,6 +242,7 @@ void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int
         }
         pthread_mutex_unlock(&idx->batch_lock);
         free(p);
+        return bytes;
 }
 
 void kidx_evict_cancel(kidx *idx, uint64_t ino)
@@ -222,11 +262,22 @@ uint64_t kidx_used(kidx *idx)
         return u;
 }
 
+static uint64_t allocated(const char *path, const char *suffix)
+{
+        char p[4096];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s%s", path, suffix);
+        return stat(p, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+}
+
 void kidx_get_stats(kidx *idx, struct kidx_stats *ret)
 {
         pthread_mutex_lock(&idx->batch_lock);
         *ret = idx->stats;
         pthread_mutex_unlock(&idx->batch_lock);
+        ret->db_bytes = allocated(idx->db_path, "");
+        ret->wal_bytes = allocated(idx->db_path, "-wal");
+        ret->ckpt_failures = atomic_load(&idx->ckpt_failures);
 }
 
 int kidx_get_file(kidx *idx, uint64_t ino, struct kidx_file *ret)

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sqlite3.h>
 
 #include "../common/kmap.h"
@@ -20,19 +21,19 @@ struct kidx__touch {
         int64_t bytes;       /* -1: unchanged */
 };
 
-enum kidx__op_kind { OP_ADD_DENT, OP_DEL_DENT, OP_RENAME, OP_EXCHANGE, OP_DEL_FILE, OP_EVICTED, OP_EVICT_CANCEL };
+enum kidx__op_kind { OP_ADD_DENT, OP_DEL_DENT, OP_DEL_DENT_INO, OP_RENAME, OP_EXCHANGE, OP_DEL_FILE, OP_EVICTED, OP_EVICT_CANCEL };
 
 /* A structural change, applied in order before the touches. */
 struct kidx__op {
         enum kidx__op_kind kind;
-        uint64_t a, b, c;  /* ADD_DENT: dir, ino, type; DEL_DENT: dir; RENAME: odir, ndir;
+        uint64_t a, b, c;  /* ADD_DENT: dir, ino, type; DEL_DENT: dir; DEL_DENT_INO: dir, ino; RENAME: odir, ndir;
                               DEL_FILE/EVICTED: ino, bytes */
         int64_t t;         /* EVICTED: time */
         char *s1, *s2;     /* names (owned) */
 };
 
 enum kidx__stmt {
-        ST_TOUCH, ST_ADD_FILE, ST_DEL_FILE, ST_ADD_DENT, ST_DEL_DENT, ST_DEL_DENTS_OF, ST_RENAME,
+        ST_TOUCH, ST_ADD_FILE, ST_DEL_FILE, ST_ADD_DENT, ST_DEL_DENT, ST_DEL_DENT_INO, ST_DEL_DENTS_OF, ST_RENAME,
         ST_LOG_EVICTION, ST_SET_META, ST_LRU, ST_NAMES, ST_PARENT, ST_INTENT_ADD, ST_INTENT_DEL,
         ST__COUNT
 };
@@ -50,19 +51,30 @@ struct kidx {
         struct kidx__op *ops;           /* batch_lock */
         size_t nops, cap_ops;           /* batch_lock */
         struct kidx_stats stats;        /* counters; batch_lock (flushes: db_lock) */
+        kmap sizes;                     /* ino -> bytes + 1 of every row, pending batch included (I3);
+                                           batch_lock */
 
         pthread_t writer;
         bool writer_running;
         bool writer_stop;               /* batch_lock */
         pthread_cond_t writer_cond;     /* signalled on stop; batch_lock */
         unsigned interval_ms;
+        _Atomic bool ckpt_wanted;       /* the WAL passed CKPT_PAGES: checkpoint now (kidx.c) */
+        _Atomic uint64_t ckpt_failures; /* forced checkpoints that could not restart the WAL */
+        int ckpt_force_at;              /* WAL pages before the next forced checkpoint; writer thread */
 
         char *db_path;
         uint64_t root_ino;              /* backing root's inode (I2); set at open */
 };
+
+/* The WAL file is cut back to this size when it restarts (PRAGMA journal_size_limit). */
+#define KIDX_WAL_KEEP_STR "4194304"
 
 int kidx__errno(int sqlite_rc);
 int kidx__exec(sqlite3 *db, const char *sql);
 int kidx__set_meta(kidx *idx, const char *k, int64_t v);
 /* Reconcile the index with the backing tree (see kidx.h). Runs inside its own transaction. */
 int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progress);
+/* Loads sizes, used_bytes and files from the files table (db_lock held: nothing flushes meanwhile), and
+ * applies the pending batch on top, as the next flush will. */
+int kidx__load_sizes(kidx *idx);

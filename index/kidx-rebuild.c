@@ -186,15 +186,17 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
                 goto rollback;
 
         sqlite3_stmt *st;
-        rc = sqlite3_prepare_v2(db, "SELECT total(bytes), count(*), max(seq) FROM files", -1, &st, NULL);
+        rc = sqlite3_prepare_v2(db, "SELECT max(seq) FROM files", -1, &st, NULL);
         if (rc == SQLITE_OK && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-                idx->stats.used_bytes = (uint64_t)sqlite3_column_double(st, 0);
-                idx->stats.files = (uint64_t)sqlite3_column_int64(st, 1);
-                idx->stats.seq = (uint64_t)sqlite3_column_int64(st, 2);
+                uint64_t seq = (uint64_t)sqlite3_column_int64(st, 0);
+                pthread_mutex_lock(&idx->batch_lock);
+                if (seq > idx->stats.seq)
+                        idx->stats.seq = seq;
+                pthread_mutex_unlock(&idx->batch_lock);
                 rc = SQLITE_OK;
         }
         sqlite3_finalize(st);
-        if ((r = kidx__errno(rc)) < 0)
+        if ((r = kidx__errno(rc)) < 0 || (r = kidx__load_sizes(idx)) < 0)
                 goto rollback;
         idx->stats.rebuilds++;
         if ((r = kidx__set_meta(idx, "seq", (int64_t)idx->stats.seq)) < 0 ||

@@ -5,10 +5,15 @@
  *      open, the tree may differ from the rows, so kidx_open() reconciles (kidx-rebuild.c).
  *  I2. meta.root_ino is the backing root's inode number; a different root means the rows describe
  *      another tree, so they are discarded and rebuilt.
- *  I3. stats.used_bytes = sum(files.bytes) + the deltas in the batch. It is loaded at open and then
- *      maintained by the mutators; it never needs the database on the hot path.
+ *  I3. sizes holds every row's bytes as the next flush will leave it, and stats.used_bytes and
+ *      stats.files are its sum and count, always: a mutator changes a size only through sizes, and one
+ *      for an inode without a row changes nothing (an unlinked or evicted file, which callers may still
+ *      measure). Loaded at open and after a reconcile (kidx__load_sizes); never needs the database on
+ *      the hot path. So the total cannot drift from the rows, whatever order the daemon's threads tell
+ *      it things in.
  *  I4. A flush applies ops in the order they were made, then the touches (a touch never precedes the
  *      op that created its row, because kidx_del_file drops the touch of a reused inode).
+ *  I5. The WAL stays small: see WAL checkpoints, below.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +55,7 @@ static const char *const STMT_SQL[ST__COUNT] = {
         [ST_DEL_FILE] = "DELETE FROM files WHERE ino = ?1",
         [ST_ADD_DENT] = "INSERT OR REPLACE INTO dents(dir, name, ino, type) VALUES (?1, ?2, ?3, ?4)",
         [ST_DEL_DENT] = "DELETE FROM dents WHERE dir = ?1 AND name = ?2",
+        [ST_DEL_DENT_INO] = "DELETE FROM dents WHERE dir = ?1 AND name = ?2 AND ino = ?3",
         [ST_DEL_DENTS_OF] = "DELETE FROM dents WHERE ino = ?1",
         [ST_RENAME] = "UPDATE dents SET dir = ?3, name = ?4 WHERE dir = ?1 AND name = ?2",
         [ST_LOG_EVICTION] = "INSERT INTO evictions(time_ns, ino, bytes, name) VALUES (?1, ?2, ?3, ?4)",
@@ -173,7 +179,7 @@ static int open_checked(kidx *idx, bool *ret_new)
                 return kidx__errno(rc) ?: -EIO;
         /* WAL: readers never block the writer; NORMAL: a committed batch survives a process crash. */
         r = kidx__exec(idx->db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                                "PRAGMA journal_size_limit=67108864; PRAGMA cache_size=-16384;");
+                                "PRAGMA journal_size_limit=" KIDX_WAL_KEEP_STR "; PRAGMA cache_size=-16384;");
         if (r < 0)
                 return r;
         if (ver == 0) {
@@ -197,18 +203,69 @@ static int open_checked(kidx *idx, bool *ret_new)
         if (ver != KIDX_SCHEMA_VERSION)
                 return -EPROTO;
         *ret_new = false;
-        /* Reading the whole files table both loads the totals (I3) and proves the b-tree readable. */
-        rc = sqlite3_prepare_v2(idx->db, "SELECT total(bytes), count(*), max(seq) FROM files", -1, &st, NULL);
+        /* Reading the whole files table both loads the sizes (I3) and proves the b-tree readable. */
+        rc = sqlite3_prepare_v2(idx->db, "SELECT max(seq) FROM files", -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return kidx__errno(rc);
         rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW) {
-                idx->stats.used_bytes = (uint64_t)sqlite3_column_double(st, 0);
-                idx->stats.files = (uint64_t)sqlite3_column_int64(st, 1);
-                idx->stats.seq = (uint64_t)sqlite3_column_int64(st, 2);
+        if (rc == SQLITE_ROW)
+                idx->stats.seq = (uint64_t)sqlite3_column_int64(st, 0);
+        sqlite3_finalize(st);
+        if (rc != SQLITE_ROW)
+                return kidx__errno(rc) ?: -EIO;
+        return kidx__load_sizes(idx);
+}
+
+int kidx__load_sizes(kidx *idx)
+{
+        sqlite3_stmt *st;
+        int rc = sqlite3_prepare_v2(idx->db, "SELECT ino, bytes FROM files", -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        kmap sizes;
+        kmap_init(&sizes);
+        uint64_t used = 0;
+        int r = 0;
+        while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                uint64_t b = (uint64_t)sqlite3_column_int64(st, 1);
+                r = kmap_put(&sizes, (uint64_t)sqlite3_column_int64(st, 0), (void *)(uintptr_t)(b + 1));
+                used += b;
         }
         sqlite3_finalize(st);
-        return rc == SQLITE_ROW ? 0 : (kidx__errno(rc) ?: -EIO);
+        if (r == 0 && rc != SQLITE_DONE)
+                r = kidx__errno(rc) ?: -EIO;
+        if (r < 0) {
+                kmap_free(&sizes);
+                return r;
+        }
+        pthread_mutex_lock(&idx->batch_lock);
+        /* What the next flush does to these rows: the ops first (I4), then the touches. */
+        for (size_t i = 0; i < idx->nops; i++) {
+                const struct kidx__op *op = &idx->ops[i];
+                uintptr_t v;
+                if ((op->kind == OP_DEL_FILE || op->kind == OP_EVICTED) && (v = (uintptr_t)kmap_del(&sizes, op->a)))
+                        used -= (uint64_t)v - 1;
+        }
+        uint64_t k;
+        void *tv;
+        for (size_t pos = 0; r == 0 && kmap_next(&idx->touches, &pos, &k, &tv);) {
+                const struct kidx__touch *t = tv;
+                uintptr_t v = (uintptr_t)kmap_get(&sizes, k);
+                if (t->bytes < 0 || (!v && !t->added))
+                        continue;
+                used += (uint64_t)t->bytes - (v ? (uint64_t)v - 1 : 0);
+                r = kmap_put(&sizes, k, (void *)(uintptr_t)(t->bytes + 1));
+        }
+        if (r == 0) {
+                kmap_free(&idx->sizes);
+                idx->sizes = sizes;
+                idx->stats.used_bytes = used;
+                idx->stats.files = sizes.count;
+        } else {
+                kmap_free(&sizes);
+        }
+        pthread_mutex_unlock(&idx->batch_lock);
+        return r;
 }
 
 static int prepare_all(kidx *idx)
@@ -263,6 +320,7 @@ int kidx_open(const struct kidx_open_opts *opts, kidx **ret, enum kidx_rebuild_r
         pthread_mutex_init(&idx->batch_lock, NULL);
         pthread_cond_init(&idx->writer_cond, NULL);
         kmap_init(&idx->touches);
+        kmap_init(&idx->sizes);
         idx->db_path = strdup(opts->db_path);
         if (!idx->db_path) {
                 kidx_close(idx, false);
@@ -300,7 +358,9 @@ int kidx_open(const struct kidx_open_opts *opts, kidx **ret, enum kidx_rebuild_r
                         r = kidx__exec(idx->db, "DELETE FROM files; DELETE FROM dents;");
                         if (r < 0)
                                 goto fail;
-                        idx->stats.used_bytes = idx->stats.files = 0;
+                        r = kidx__load_sizes(idx);
+                        if (r < 0)
+                                goto fail;
                 } else if (meta_or(idx->db, "clean", 0) != 1) {
                         reason = KIDX_REBUILD_UNCLEAN;
                 } else if (opts->force_rebuild) {
@@ -370,6 +430,12 @@ static int apply_op(kidx *idx, const struct kidx__op *op)
                 st = idx->st[ST_DEL_DENT];
                 sqlite3_bind_int64(st, 1, (int64_t)op->a);
                 sqlite3_bind_text(st, 2, op->s1, -1, SQLITE_STATIC);
+                return step_reset(st);
+        case OP_DEL_DENT_INO:
+                st = idx->st[ST_DEL_DENT_INO];
+                sqlite3_bind_int64(st, 1, (int64_t)op->a);
+                sqlite3_bind_text(st, 2, op->s1, -1, SQLITE_STATIC);
+                sqlite3_bind_int64(st, 3, (int64_t)op->b);
                 return step_reset(st);
         case OP_RENAME:
                 /* Whatever the target name held is gone (the caller logged its deletion). */
@@ -533,45 +599,120 @@ out:
  * and with synchronous=NORMAL a checkpoint syncs the WAL and the database: 5-6 ms here, added to that
  * commit. When the commit is an eviction's flush inside a write, a writer waits for it (the worst 64 KiB
  * publication in bench/big). So once the writer thread runs, checkpoints are its job alone, on a
- * connection of its own and without db_lock: PASSIVE, after each of its flushes; commits on the
- * request path go on meanwhile. kidx_close still folds the whole WAL in (TRUNCATE). */
-static void checkpoint(sqlite3 *ck)
+ * connection of its own and without db_lock; commits on the request path go on meanwhile.
+ *
+ * What must stay true: the WAL stays small (I5). A churning cache commits many times a second (every
+ * eviction commits its intents, then its batch): about 55 KB of WAL per file stored, so a checkpoint once
+ * per flush interval is not enough. The write connection's commit hook counts WAL pages and wakes the
+ * writer thread as soon as CKPT_PAGES have been appended; the writer checkpoints at once.
+ *
+ *  I5. The WAL restarts from its start at the first commit after a checkpoint that copied every frame
+ *      (SQLite does this by itself when no reader still uses the WAL), and journal_size_limit truncates
+ *      the file then. A PASSIVE checkpoint cannot copy frames a reader's snapshot still needs; when the
+ *      WAL has passed CKPT_FORCE_PAGES anyway (a reader held a transaction across several checkpoints),
+ *      the writer asks for TRUNCATE, which waits for readers up to CKPT_WAIT_MS: commits on the request
+ *      path wait for that as long, at most, and then go on. If the reader still holds on, the next forced
+ *      try waits for another CKPT_FORCE_PAGES of WAL, so that a stuck reader costs the writers 200 ms per
+ *      32 MiB at worst. Only a reader can pin the WAL: kcache holds none longer than one command.
+ *
+ * Beware: a connection that never read the database is not in WAL mode yet, and checkpointing it is a
+ * silent no-op (SQLITE_OK, nothing copied). The checkpointer reads the schema once before its first
+ * checkpoint; without that, no checkpoint ever ran and the WAL grew without bound. kidx_close folds the
+ * whole WAL in (TRUNCATE). */
+#define CKPT_PAGES 1024        /* 4 MiB of 4 KiB pages: wake the checkpointer */
+#define CKPT_FORCE_PAGES 8192  /* 32 MiB: a PASSIVE checkpoint was not enough, force a restart */
+#define CKPT_WAIT_MS 200
+
+static int wal_hook(void *arg, sqlite3 *db, const char *name, int pages)
 {
-        if (ck)
-                (void)sqlite3_wal_checkpoint_v2(ck, NULL, SQLITE_CHECKPOINT_PASSIVE, NULL, NULL);
+        (void)db;
+        (void)name;
+        kidx *idx = arg;
+        if (pages >= CKPT_PAGES && !atomic_exchange(&idx->ckpt_wanted, true)) {
+                pthread_mutex_lock(&idx->batch_lock);
+                pthread_cond_signal(&idx->writer_cond);
+                pthread_mutex_unlock(&idx->batch_lock);
+        }
+        return SQLITE_OK;
+}
+
+static void checkpoint(kidx *idx, sqlite3 *ck)
+{
+        if (!ck)
+                return;
+        atomic_store(&idx->ckpt_wanted, false);
+        int log = 0, done = 0;
+        int rc = sqlite3_wal_checkpoint_v2(ck, NULL, SQLITE_CHECKPOINT_PASSIVE, &log, &done);
+        if (rc == SQLITE_OK && (log < CKPT_FORCE_PAGES || done == log))
+                return;
+        if (log < idx->ckpt_force_at)
+                return; /* the last forced one failed: the reader gets another CKPT_FORCE_PAGES first */
+        /* A reader pinned the log: wait for it, bounded, then restart the WAL from its start. */
+        sqlite3_busy_timeout(ck, CKPT_WAIT_MS);
+        rc = sqlite3_wal_checkpoint_v2(ck, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &done);
+        sqlite3_busy_timeout(ck, 0);
+        if (rc == SQLITE_OK) {
+                idx->ckpt_force_at = 0;
+        } else {
+                idx->ckpt_force_at = log + CKPT_FORCE_PAGES;
+                atomic_fetch_add(&idx->ckpt_failures, 1);
+        }
+}
+
+/* The checkpointer's own connection, in WAL mode (see above), or NULL if it cannot be had: SQLite's own
+ * checkpoints then stay on. */
+static sqlite3 *checkpointer_open(kidx *idx)
+{
+        sqlite3 *ck = NULL;
+        if (open_conn(idx->db_path, SQLITE_OPEN_READWRITE, &ck) < 0)
+                return NULL;
+        sqlite3_busy_timeout(ck, 0);
+        if (kidx__exec(ck, "PRAGMA journal_size_limit=" KIDX_WAL_KEEP_STR "; SELECT count(*) FROM meta") < 0) {
+                sqlite3_close(ck);
+                return NULL;
+        }
+        pthread_mutex_lock(&idx->db_lock);
+        bool ok = kidx__exec(idx->db, "PRAGMA wal_autocheckpoint=0") == 0;
+        if (ok)
+                sqlite3_wal_hook(idx->db, wal_hook, idx);
+        pthread_mutex_unlock(&idx->db_lock);
+        if (!ok) {
+                sqlite3_close(ck);
+                return NULL;
+        }
+        return ck;
 }
 
 static void *writer_main(void *arg)
 {
         kidx *idx = arg;
-        sqlite3 *ck = NULL;
-        if (open_conn(idx->db_path, SQLITE_OPEN_READWRITE, &ck) == 0) {
-                pthread_mutex_lock(&idx->db_lock);
-                if (kidx__exec(idx->db, "PRAGMA wal_autocheckpoint=0") < 0) {
-                        sqlite3_close(ck); /* SQLite's own checkpoints stay */
-                        ck = NULL;
-                }
-                pthread_mutex_unlock(&idx->db_lock);
-        }
+        sqlite3 *ck = checkpointer_open(idx);
         pthread_mutex_lock(&idx->batch_lock);
         while (!idx->writer_stop) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_sec += idx->interval_ms / 1000;
-                ts.tv_nsec += (long)(idx->interval_ms % 1000) * 1000000L;
-                if (ts.tv_nsec >= 1000000000L) {
-                        ts.tv_sec++;
-                        ts.tv_nsec -= 1000000000L;
+                if (!atomic_load(&idx->ckpt_wanted)) {
+                        struct timespec ts;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        ts.tv_sec += idx->interval_ms / 1000;
+                        ts.tv_nsec += (long)(idx->interval_ms % 1000) * 1000000L;
+                        if (ts.tv_nsec >= 1000000000L) {
+                                ts.tv_sec++;
+                                ts.tv_nsec -= 1000000000L;
+                        }
+                        pthread_cond_timedwait(&idx->writer_cond, &idx->batch_lock, &ts);
                 }
-                pthread_cond_timedwait(&idx->writer_cond, &idx->batch_lock, &ts);
                 if (idx->writer_stop)
                         break;
                 pthread_mutex_unlock(&idx->batch_lock);
                 kidx_flush(idx);
-                checkpoint(ck);
+                checkpoint(idx, ck);
                 pthread_mutex_lock(&idx->batch_lock);
         }
         pthread_mutex_unlock(&idx->batch_lock);
+        if (ck) {
+                pthread_mutex_lock(&idx->db_lock);
+                sqlite3_wal_hook(idx->db, NULL, NULL);
+                pthread_mutex_unlock(&idx->db_lock);
+        }
         sqlite3_close(ck);
         return NULL;
 }
@@ -608,6 +749,7 @@ void kidx_close(kidx *idx, bool clean)
         }
         close_conns(idx);
         free_batch(idx->ops, idx->nops, &idx->touches);
+        kmap_free(&idx->sizes);
         pthread_mutex_destroy(&idx->db_lock);
         pthread_mutex_destroy(&idx->rd_lock);
         pthread_mutex_destroy(&idx->batch_lock);

@@ -65,6 +65,9 @@ struct kidx_stats {
         uint64_t evicted_bytes;
         uint64_t rebuilds;
         uint64_t flushes;        /* batches committed by this process */
+        uint64_t db_bytes;       /* the index's database file on disk, allocated (kidx_get_stats) */
+        uint64_t wal_bytes;      /* its write-ahead log, allocated (kidx_get_stats) */
+        uint64_t ckpt_failures;  /* forced checkpoints that a reader kept from restarting the WAL */
 };
 
 struct kidx_file {
@@ -96,16 +99,22 @@ int kidx_flush(kidx *idx);
 uint64_t kidx_touch(kidx *idx, uint64_t ino, int64_t now_ns, uint32_t opens, uint64_t bytes_read);
 /* Sets the logged atime without changing recency (utimensat with an explicit atime). */
 void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns);
-/* The allocated size of ino changed from old_bytes (what the index holds) to new_bytes. */
-void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t old_bytes, uint64_t new_bytes);
+/* The allocated size of ino is new_bytes now. Ignored for an ino without a row (an unlinked or evicted
+ * file, or one never indexed): only rows count (I3). */
+void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t new_bytes);
 void kidx_set_pinned(kidx *idx, uint64_t ino, bool pinned);
-/* A new regular file ino (bytes allocated, owned by uid), counted as an access. */
+/* A new regular file ino (bytes allocated, owned by uid), counted as an access. A row of ino still held
+ * (a reused inode number) is replaced, and stops counting. */
 void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_t now_ns);
 /* A new name: dir/name -> ino of the given type (replaces an existing row of that name). */
 void kidx_add_dent(kidx *idx, uint64_t dir, const char *name, uint64_t ino, enum kidx_type type);
 /* dir/name went away. If it was the last link of regular file ino, also drop the file (bytes as held). */
 void kidx_del_dent(kidx *idx, uint64_t dir, const char *name);
-void kidx_del_file(kidx *idx, uint64_t ino, uint64_t bytes);
+/* dir/name went away if it still names ino: for removals made outside the kernel's directory locks
+ * (eviction), after which the name may already hold a new object whose kidx_add_dent came first. */
+void kidx_del_dent_of(kidx *idx, uint64_t dir, const char *name, uint64_t ino);
+/* Regular file ino lost its last name: its row goes, with the bytes the row holds. */
+void kidx_del_file(kidx *idx, uint64_t ino);
 /* odir/oname moved to ndir/nname (which, if it existed, the caller removed with kidx_del_dent first).
  * With exchange, the two names swap. */
 void kidx_rename(kidx *idx, uint64_t odir, const char *oname, uint64_t ndir, const char *nname, bool exchange);
@@ -129,8 +138,9 @@ int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, siz
 int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const char *name), void *ud);
 /* The path of directory dir relative to the backing root ("" for the root), or -ENOENT. */
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size);
-/* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it. */
-void kidx_evicted(kidx *idx, uint64_t ino, uint64_t bytes, const char *path, int64_t now_ns);
+/* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it.
+ * Returns the bytes its row held (0 if it had none). */
+uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns);
 /* Write-ahead records of evictions: committed now, before any of the files is removed. Each must be
  * followed by kidx_evicted() (done) or kidx_evict_cancel() (the file stayed). After a crash, the
  * reconcile logs those whose file is gone as evictions. Returns 0 or -errno (then evict nothing). */

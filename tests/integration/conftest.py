@@ -9,8 +9,10 @@ import pwd
 import shutil
 import signal
 import sqlite3
+import stat
 import subprocess
 import tempfile
+import threading
 import time
 
 import pytest
@@ -84,7 +86,7 @@ class Mount:
 
     def pid(self):
         with open(self.index_path + ".lock") as f:
-            return int(f.read().strip())
+            return int(f.read().split()[0])
 
     def stop(self):
         if os.path.ismount(self.mnt):
@@ -106,8 +108,23 @@ class Mount:
         return os.path.join(self.mnt, *p)
 
     def used(self):
+        """The daemon's own count of the cache's bytes, unclamped (statfs of the mount clamps Used at
+        the limit, so an assert on it could never see the limit crossed)."""
+        return int(os.getxattr(self.mnt, "user.kcachefs.used_bytes"))
+
+    def df_used(self):
+        """Used as df shows it: statfs of the mount, which never shows more than the limit."""
         s = os.statvfs(self.mnt)
         return (s.f_blocks - s.f_bfree) * s.f_frsize
+
+    def assert_within(self, limit):
+        """The limit holds by the daemon's count and on the disk: the regular files of the backing tree
+        (what the cache holds) and evicted files whose blocks the reaper has yet to free are bounded."""
+        used = self.used()
+        assert used <= limit, f"the daemon counts {used} bytes, over the limit of {limit}"
+        tree = backing_bytes(self.backing)
+        assert tree <= limit, f"the backing tree holds {tree} bytes, over the limit of {limit}"
+        return used
 
     def index_rows(self):
         """{relative path: bytes} from the index (only while unmounted or flushed)."""
@@ -152,6 +169,22 @@ def pid_alive(pid):
         return False
 
 
+def backing_bytes(backing):
+    """The bytes the regular files of a backing directory hold: each inode once, however many links."""
+    seen = {}
+    for dp, dns, fns in os.walk(backing):
+        if dp == backing:
+            dns[:] = [d for d in dns if d != ".kcachefs"]
+        for fn in fns:
+            try:
+                st = os.lstat(os.path.join(dp, fn))
+            except FileNotFoundError:
+                continue  # evicted while the walk went on
+            if not stat.S_ISLNK(st.st_mode):
+                seen[st.st_ino] = st.st_blocks * 512
+    return sum(seen.values())
+
+
 def backing_files(backing):
     """{relative path: allocated bytes} of the regular files in a backing directory."""
     out = {}
@@ -164,6 +197,76 @@ def backing_files(backing):
             if not os.path.islink(os.path.join(dp, fn)):
                 out[os.path.normpath(os.path.join(rel, fn))] = st.st_blocks * 512
     return out
+
+
+# Every test has a deadline (pytest.ini; @pytest.mark.timeout(N) for a longer one). A little before it, the
+# watchdog aborts the FUSE connections of the test's mounts: whatever the test (or a daemon's client) is
+# blocked on in a wedged mount returns ENOTCONN, the test fails with its own traceback, and the fixtures
+# unmount as usual. pytest-timeout (thread method) is the last resort: it ends the whole run.
+WATCHDOG_MARGIN = 30
+
+
+def fuse_connections(prefix):
+    """{mount point: connection id} of the FUSE mounts whose path starts with prefix (from mountinfo,
+    which needs no request to the mounts themselves, so it works on a wedged one)."""
+    out = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            a = line.split()
+            sep = a.index("-")
+            if a[sep + 1].startswith("fuse") and a[4].startswith(prefix):
+                major, minor = a[2].split(":")
+                if major == "0":
+                    out[a[4]] = int(minor)
+    return out
+
+
+def abort_test_mounts():
+    """Ends the mounts the tests made (in their kcachefs-it-*/kcache-* scratch directories), and only
+    those: aborts each connection (fusectl) and SIGKILLs its daemon, since requests a daemon holds in its
+    io_uring entries end only when its rings go. Returns the mount points."""
+    conns = "/sys/fs/fuse/connections"
+    if os.path.isdir(conns) and not os.listdir(conns):
+        subprocess.run(["mount", "-t", "fusectl", "fusectl", conns], capture_output=True)
+    mounts = fuse_connections(os.path.join(tempfile.gettempdir(), "kcache"))
+    for mnt, conn in mounts.items():
+        try:
+            with open(f"{conns}/{conn}/abort", "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]).startswith(b"kcachefs") and \
+                any(a.decode(errors="replace") in mounts for a in argv):
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+    return list(mounts)
+
+
+@pytest.fixture(autouse=True)
+def deadline(request):
+    m = request.node.get_closest_marker("timeout")
+    limit = float(m.args[0]) if m and m.args else float(request.config.getini("timeout") or 600)
+    fired = []
+
+    def fire():
+        fired.extend(abort_test_mounts() or ["(no mount)"])
+
+    t = threading.Timer(max(limit - WATCHDOG_MARGIN, 1), fire)
+    t.daemon = True
+    t.start()
+    yield
+    t.cancel()
+    if fired:
+        pytest.fail(f"the test passed its deadline ({limit - WATCHDOG_MARGIN:.0f}s): aborted the FUSE connections "
+                    f"of {fired}")
 
 
 @pytest.fixture
@@ -195,17 +298,27 @@ def mount_tmpfs(path, size="256m", extra="noatime"):
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},{extra}", "tmpfs", path], check=True)
 
 
+def mount_ext4(path, size="256m", extra="noatime"):
+    """ext4 on a loop image beside path: what tmpfs lacks (delayed allocation, O_DIRECT's alignment,
+    extent blocks allocated at writeback, hole punching on disk blocks). The image is sparse."""
+    os.makedirs(path, exist_ok=True)
+    img = path + ".img"
+    subprocess.run(["truncate", "-s", size, img], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", img], check=True)
+    subprocess.run(["mount", "-t", "ext4", "-o", f"loop,{extra}", img, path], check=True)
+
+
 @pytest.fixture
 def kfs(workdir):
     """Factory: kfs(opts) -> a started Mount with its backing directory on a noatime tmpfs."""
     d, cleanup = workdir
     made = []
 
-    def make(opts=None, start=True, tmpfs_size="256m", index=None):
+    def make(opts=None, start=True, tmpfs_size="256m", index=None, fs="tmpfs"):
         i = len(made)
         backing = os.path.join(d, f"backing{i}")
         mnt = os.path.join(d, f"mnt{i}")
-        mount_tmpfs(backing, tmpfs_size)
+        (mount_ext4 if fs == "ext4" else mount_tmpfs)(backing, tmpfs_size)
         os.chmod(backing, 0o755)
         os.makedirs(mnt)
         cleanup.insert(0, backing)

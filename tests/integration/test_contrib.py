@@ -3,6 +3,7 @@ command lines as systemd would expand them, the job prolog, and the module files
 import os
 import re
 import shlex
+import socket
 import subprocess
 
 import pytest
@@ -70,12 +71,28 @@ def test_systemd_unit_command_lines(workdir):
     cleanup.insert(0, mnt)
     subprocess.run(systemd_expand(keys["ExecStartPre"], env, mnt), check=True)
     start = systemd_expand(keys["ExecStart"].replace("@SBINDIR@/kcachefs", kcachefs_bin()), env, mnt)
-    p = subprocess.run(start, capture_output=True, text=True)  # Type=forking: returns once mounted
-    assert p.returncode == 0, p.stderr
-    assert os.path.ismount(mnt)
-    assert size_of(mnt) == 10 << 30
-    subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), check=True)
+    # Type=notify, in the foreground: systemd keeps its stderr (the journal) and waits for READY=1.
+    assert re.search(r"^Type=notify$", unit, re.M) and "-f" in start
+    sock_path = os.path.join(d, "notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    p = subprocess.Popen(start, stderr=subprocess.PIPE, text=True, env=dict(os.environ, NOTIFY_SOCKET=sock_path))
+    try:
+        assert sock.recv(256) == b"READY=1"
+        assert os.path.ismount(mnt)  # READY=1 comes once it serves
+        assert size_of(mnt) == 10 << 30
+        subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), check=True)
+        assert sock.recv(256) == b"STOPPING=1"
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        sock.close()
+    assert p.returncode == 0, err
     assert not os.path.ismount(mnt)
+    assert f"mounted {env['KCACHEFS_BACKING']} on {mnt}" in err, err
+    assert "the index is flushed and marked clean" in err, err
 
 
 @needs_root

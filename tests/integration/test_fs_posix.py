@@ -425,3 +425,64 @@ def test_flock_is_one_domain_with_the_backing_file(kfs):
             return False
     wait_for(free, timeout=5, what="the lock to be released after close")
     os.close(bfd)
+
+
+def _made_with_umask(path_file, path_dir, mask):
+    old = os.umask(mask)
+    try:
+        fd = os.open(path_file, os.O_CREAT | os.O_WRONLY, 0o777)
+        os.close(fd)
+        os.mkdir(path_dir, 0o777)
+        os.mknod(path_file + ".fifo", 0o666 | stat.S_IFIFO)
+    finally:
+        os.umask(old)
+    return (stat.S_IMODE(os.stat(path_file).st_mode), stat.S_IMODE(os.stat(path_dir).st_mode),
+            stat.S_IMODE(os.stat(path_file + ".fifo").st_mode))
+
+
+def test_creation_honours_the_callers_mode_and_umask_exactly(kfs):
+    m = kfs()
+    # umask 0: everything the caller asked for; 002: a group-shared cache; 077: private.
+    assert _made_with_umask(m.path("f0"), m.path("d0"), 0) == (0o777, 0o777, 0o666)
+    assert _made_with_umask(m.path("f2"), m.path("d2"), 0o002) == (0o775, 0o775, 0o664)
+    assert _made_with_umask(m.path("f7"), m.path("d7"), 0o077) == (0o700, 0o700, 0o600)
+    # The backing files carry the same modes (what a remount or a rebuild shows).
+    assert stat.S_IMODE(os.stat(os.path.join(m.backing, "f2")).st_mode) == 0o775
+    assert stat.S_IMODE(os.stat(os.path.join(m.backing, "d2")).st_mode) == 0o775
+
+
+def test_o_direct_writes_and_reads_of_any_size(kfs):
+    m = kfs({"max_size": "64M"}, fs="ext4")  # tmpfs takes unaligned O_DIRECT; a disk does not
+    for bs in ("4K", "64K", "1M"):
+        p = subprocess.run(["dd", "if=/dev/urandom", f"of={m.path('d' + bs)}", f"bs={bs}", "count=4",
+                            "oflag=direct"], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        p = subprocess.run(["dd", f"if={m.path('d' + bs)}", "of=/dev/null", f"bs={bs}", "iflag=direct"],
+                           capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+    n = {"4K": 4 << 12, "64K": 4 << 16, "1M": 4 << 20}
+    for bs, size in n.items():
+        assert os.stat(m.path("d" + bs)).st_size == size
+        assert read(m.path("d" + bs)) == read(os.path.join(m.backing, "d" + bs))
+
+
+def test_times_of_a_symlink_itself_and_copies_of_trees_with_symlinks(kfs, tmp_path):
+    m = kfs()
+    os.symlink("target-that-does-not-exist", m.path("l"))
+    os.utime(m.path("l"), ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)
+    assert os.lstat(m.path("l")).st_mtime_ns == 2_000_000_000
+    src = tmp_path / "src"
+    (src / "x").mkdir(parents=True)
+    (src / "x" / "f").write_bytes(b"data")
+    os.symlink("f", src / "x" / "l")
+    os.symlink("../x", src / "x" / "up")
+    os.utime(src / "x" / "l", ns=(978_307_200_000_000_000, 978_307_200_000_000_000), follow_symlinks=False)
+    p = subprocess.run(["rsync", "-a", f"{src}/", m.path("rs") + "/"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    os.mkdir(m.path("tar"))
+    p = subprocess.run(f"tar -C {src} -cf - . | tar -C {m.path('tar')} -xf -", shell=True, capture_output=True,
+                       text=True)
+    assert p.returncode == 0, p.stderr
+    for d in ("rs", "tar"):
+        assert os.readlink(m.path(d, "x", "l")) == "f"
+        assert os.lstat(m.path(d, "x", "l")).st_mtime == 978_307_200  # 2001-01-01: copied, not made now

@@ -110,7 +110,7 @@ def test_a_writer_joins_passthrough_readers_and_the_limit_holds(ptmount):
                 w.write(b"b" * (8 << 20))
                 w.flush()
             assert e.value.errno == errno.ENOSPC
-        assert m.used() <= 4 << 20
+        m.assert_within(4 << 20)
     with open(m.path("f"), "rb") as f:
         head = f.read(11)
     assert head == b"XYZaaaaaMAP"

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import kcachefs_bin, wait_for
+from conftest import abort_test_mounts, kcachefs_bin, wait_for
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
@@ -158,6 +158,49 @@ def test_replies_sent_later_from_other_threads_arrive(ringmount):
     for t in threads:
         t.join(timeout=30)
     assert len(got) == 40
+
+
+def test_a_burst_of_waits_that_takes_every_entry_stalls_no_queue(ringmount):
+    """64 flock() waits at once take every ring entry of both queues before the daemon can register new
+    ones; requests queued in that moment must still be served (ring.c, A QUEUE NEVER STALLS), on every
+    CPU's queue, without any unrelated request coming to unblock them."""
+    m = ringmount()
+    path = m.path("lockfile")
+    open(path, "w").close()
+    cpus = sorted(os.sched_getaffinity(0))
+    for rnd in range(12):  # the race is narrow: about 1 round in 4 hung before the fix
+        m.stop()
+        m.start()  # fresh rings: two entries per queue, as at every mount
+        holder = open(path)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        barrier = threading.Barrier(65)
+
+        def waiter():
+            with open(path) as f:
+                barrier.wait()
+                fcntl.flock(f, fcntl.LOCK_EX)
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+        threads = [threading.Thread(target=waiter, daemon=True) for _ in range(64)]
+        for t in threads:
+            t.start()
+        barrier.wait()
+        stuck = []
+        for cpu in cpus:
+            p = subprocess.run(["taskset", "-c", str(cpu), "timeout", "10", "ls", m.mnt], capture_output=True)
+            if p.returncode != 0:
+                stuck.append(cpu)
+        if stuck:  # the waiters' own requests are stuck too: end the mount, so nothing is left hanging
+            abort_test_mounts()
+            pytest.fail(f"round {rnd}: ls of the mount hung on CPU(s) {stuck} behind 64 flock waits")
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+        deadline = time.monotonic() + 30
+        for t in threads:
+            t.join(timeout=max(deadline - time.monotonic(), 0.1))
+        if any(t.is_alive() for t in threads):
+            abort_test_mounts()
+            pytest.fail(f"round {rnd}: waiters still blocked 30 s after the unlock")
 
 
 def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringmount):

@@ -170,7 +170,7 @@ def test_neo_never_refuses_and_its_size_file_stays_honest(kfs):
     if os.path.exists(cfg):
         with open(cfg, "rb") as f:
             assert struct.unpack("=Q", f.read(8))[0] == neo_count(m.path("neo"))
-    assert m.used() <= 1 << 20
+    m.assert_within(1 << 20)
     index_matches_tree(m)
 
 

@@ -16,6 +16,7 @@ def exact(m):
     du = int(sh(f"du -sB1 {m.mnt}").split()[0])
     assert du == truth, (du, truth)
     assert m.used() == truth
+    assert m.df_used() == truth  # below the limit, df's clamp does not apply
     return truth
 
 

@@ -77,32 +77,45 @@ static void test_order_accounting_pins(const char *tmp, int bfd)
         CHECK_EQ(order[0], 1002);
 
         /* Accounting: size changes, deletion, eviction. */
-        kidx_set_bytes(idx, 1001, 4096, 8192);
+        kidx_set_bytes(idx, 1001, 8192);
         CHECK_EQ(kidx_used(idx), 4096 * 16);
-        kidx_set_bytes(idx, 1001, 8192, 0);
+        kidx_set_bytes(idx, 1001, 0);
         CHECK_EQ(kidx_used(idx), 4096 * 14);
         kidx_del_dent(idx, 7, "f2");
-        kidx_del_file(idx, 1002, 8192);
+        kidx_del_file(idx, 1002);
         CHECK_EQ(kidx_used(idx), 4096 * 12);
-        kidx_evicted(idx, 1004, 16384, "f4", 200);
+        CHECK_EQ(kidx_evicted(idx, 1004, "f4", 200), 16384);
+        CHECK_EQ(kidx_used(idx), 4096 * 8);
+        /* I3: only rows count. A file without one (unlinked, evicted, never indexed) changes nothing,
+         * however often it is measured or removed; a row replaced by a reused number counts once. */
+        kidx_set_bytes(idx, 1004, 999424);
+        kidx_set_bytes(idx, 777, 4096);
+        kidx_del_file(idx, 1002);
+        CHECK_EQ(kidx_evicted(idx, 1004, "f4", 201), 0);
         CHECK_EQ(kidx_used(idx), 4096 * 8);
         struct kidx_stats s;
         kidx_get_stats(idx, &s);
         CHECK_EQ(s.files, 3);
-        CHECK_EQ(s.evicted_files, 1);
+        CHECK_EQ(s.evicted_files, 2);
         CHECK_EQ(s.evicted_bytes, 16384);
         kidx_flush(idx);
         CHECK_EQ(lru(idx, order, 8), 3);
         CHECK_EQ(kidx_get_file(idx, 1004, &f), -ENOENT);
 
         /* A reused inode number after deletion must not inherit the old file's batched size. */
-        kidx_set_bytes(idx, 1003, 12288, 40960);
-        kidx_del_file(idx, 1003, 40960);
+        kidx_set_bytes(idx, 1003, 40960);
+        kidx_del_file(idx, 1003);
         kidx_add_file(idx, 1003, 4096, 0, 300);
         kidx_flush(idx);
         CHECK_EQ(kidx_get_file(idx, 1003, &f), 0);
         CHECK_EQ(f.bytes, 4096);
         CHECK_EQ(kidx_used(idx), 4096 + 0 + 20480);
+        kidx_add_file(idx, 1003, 8192, 0, 301); /* its row not dropped first: replaced, counted once */
+        CHECK_EQ(kidx_used(idx), 8192 + 0 + 20480);
+        kidx_get_stats(idx, &s);
+        CHECK_EQ(s.files, 3);
+        kidx_set_bytes(idx, 1003, 4096);
+        kidx_flush(idx);
 
         /* Names and directory paths: dir 7 is "a/b" under the root (ino of the backing dir). */
         struct stat rs;

@@ -1,0 +1,92 @@
+"""Any number of files under any descriptor limit (inode.c, DESCRIPTORS): a daemon whose hard
+RLIMIT_NOFILE is 4,096 and cannot be raised (no CAP_SYS_RESOURCE) serves, walks, reads, evicts and removes
+a cache of many more files, and the kernel's leftover inodes of evicted files hold no descriptor."""
+import os
+import subprocess
+import time
+
+from conftest import ROOT, wait_for
+
+BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")
+KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
+LIMIT = 4096
+
+
+def start_limited(m):
+    """Starts m's daemon with RLIMIT_NOFILE 4096 and no capability to raise it."""
+    cmd = ["setpriv", "--bounding-set", "-sys_resource", "sh", "-c",
+           f'ulimit -Sn {LIMIT} && ulimit -Hn {LIMIT} && exec "$@"', "sh"] + m.args()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    m.stderr = p.stderr
+    assert p.returncode == 0, f"kcachefs failed: {p.stderr}"
+    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
+    pid = m.pid()
+    for line in open(f"/proc/{pid}/limits"):
+        if line.startswith("Max open files"):
+            assert line.split()[3:5] == [str(LIMIT), str(LIMIT)], line
+    return pid
+
+
+def nfds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_a_daemon_limited_to_4096_descriptors_serves_walks_and_removes_many_more_files(kfs):
+    n_dirs, per_dir = 16, 1000  # 16,000 files and 16 directories: four times the limit
+    m = kfs({"max_size": "1G"}, start=False, tmpfs_size="1g")
+    pid = start_limited(m)
+    for d in range(n_dirs):
+        os.mkdir(m.path(f"d{d}"))
+        for i in range(per_dir):
+            with open(m.path(f"d{d}", f"f{i}"), "wb") as f:
+                f.write(b"%d/%d" % (d, i))
+    worst = nfds(pid)
+    # Walk (each walk makes the kernel look up and keep every inode), stat, read, list.
+    found = subprocess.run(["find", m.mnt, "-type", "f"], capture_output=True, text=True, check=True).stdout.split()
+    assert len(found) == n_dirs * per_dir
+    subprocess.run(["du", "-s", m.mnt], capture_output=True, check=True)
+    ls = subprocess.run(["ls", "-lR", m.mnt], capture_output=True, text=True)
+    assert ls.returncode == 0, ls.stderr[-2000:]
+    worst = max(worst, nfds(pid))
+    for d in range(n_dirs):
+        for i in range(0, per_dir, 7):
+            assert open(m.path(f"d{d}", f"f{i}"), "rb").read() == b"%d/%d" % (d, i)
+    worst = max(worst, nfds(pid))
+    v = subprocess.run([KCACHE, "verify", m.mnt], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
+    # An operator's eviction of most of it, then rm -rf of the rest.
+    subprocess.run([KCACHE, "evict", m.mnt, "--to", "16K"], capture_output=True, check=True)
+    rm = subprocess.run(["rm", "-rf"] + [m.path(f"d{d}") for d in range(n_dirs)], capture_output=True, text=True)
+    assert rm.returncode == 0, rm.stderr[-2000:]
+    assert os.listdir(m.mnt) == []
+    worst = max(worst, nfds(pid))
+    assert worst < LIMIT * 3 // 4, f"the daemon held {worst} descriptors"
+    assert int(os.getxattr(m.mnt, "user.kcachefs.files")) == 0
+    assert int(os.getxattr(m.mnt, "user.kcachefs.used_bytes")) == 0
+    # At the next mount the daemon says what the limit does to a cache of this size.
+    m.stop()
+    for d in range(n_dirs):  # put files back behind its back, and have the index rebuilt
+        os.makedirs(os.path.join(m.backing, f"d{d}"))
+        for i in range(per_dir):
+            open(os.path.join(m.backing, f"d{d}", f"f{i}"), "wb").close()
+    m.opts["rebuild"] = True
+    start_limited(m)
+    assert "keeping at most 2048 of the cache's 16000 files' descriptors open" in m.stderr, m.stderr
+
+
+def test_evicted_files_the_kernel_remembers_hold_no_descriptor(kfs):
+    m = kfs({"max_size": "4M"}, start=False, tmpfs_size="512m")
+    pid = start_limited(m)
+    payload = os.urandom(8192)
+    worst = 0
+    for i in range(3 * LIMIT):  # 12,288 files of 8 KiB through a 4 MiB cache: ~11,800 evictions
+        with open(m.path(f"f{i}"), "wb") as f:
+            f.write(payload)
+        if i % 512 == 0:
+            worst = max(worst, nfds(pid))
+    evicted = int(os.getxattr(m.mnt, "user.kcachefs.evicted_files"))
+    assert evicted > 2 * LIMIT
+    assert worst < LIMIT // 2, f"the daemon held {worst} descriptors after {evicted} evictions"
+    # The kernel still knows the evicted names' inodes: a stat of each old name says ENOENT.
+    gone = sum(1 for i in range(0, 3 * LIMIT, 97) if not os.path.exists(m.path(f"f{i}")))
+    assert gone > 0
