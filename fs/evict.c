@@ -624,24 +624,74 @@ static bool prunes(enum kfs_rt rt)
  * stored made some (PoCL: <hash>/<build>/, Triton: <key>/), and a cache that left them behind grew its
  * backing without bound (2.6 times its limit after two PoCL runs: 1,546 empty directories). So once a
  * victim's names are gone, each directory above it that eviction emptied goes too, up to the runtime's
- * root (dir_kept). The directory's inode is marked evicted like a file's: a lookup in it, or a create,
- * answers ESTALE, and the VFS looks its path up again, finds it gone, and a runtime's makedirs() makes it
- * anew. rmdir removes nothing that is not empty, so a directory a runtime is filling stays. What is left
- * is a runtime that makes a directory and a moment later creates in it without making it again, at the
- * very moment its last file is evicted: PoCL (mkdir -p, then its temporary file) and the generic layout
- * (pytools, Numba, ccache, Mesa make their directories as they store) take that risk, which the LRU
- * order makes remote (the directory's files were the least recently used); the runtimes that cannot
- * take it keep their directories (prunes()). */
-static void prune_dirs(struct kfs *fs, const char *file_rel, struct notify_list *nl)
+ * root (dir_kept), unless a request named it in the last DIR_GRACE (prune_dir). rmdir removes nothing
+ * that is not empty, so a directory a runtime is filling stays; the grace is for the one it is about to
+ * fill. A runtime stores by making the directory (mkdir -p: the kernel looks the existing directory up
+ * again for each mkdir, LOOKUP_EXCL, and that lookup reaches the daemon), then creating its file,
+ * often elsewhere (PoCL's tempfile-* in the root), then renaming it in: the rename finds the directory
+ * only if nothing removed it since the mkdir. A lookup of the directory, or any lookup, create or
+ * rename in it, stamps its inode (kfs_dir_named) under itable_lock, and prune_dir checks the stamp and
+ * removes the directory under that lock too: either the lookup came first and the directory stays, or
+ * the removal did and the mkdir makes the directory anew. A directory that stays for its stamp is looked
+ * at again once the grace has passed (prune_later: the descent thread wakes for it, and every eviction
+ * looks), so what a cache holds of empty directories is what eviction emptied in the last DIR_GRACE,
+ * at most PRUNE_LATER_MAX of them beyond that. The removed directory's inode is marked evicted like a
+ * file's: a lookup in it, or a create, answers ESTALE, and the VFS looks its path up again and finds
+ * it gone. Left is a runtime that made its directory more than DIR_GRACE before it creates in it
+ * without making it again: Triton (makedirs at lookup, its temporary directory seconds later), NEO
+ * (under its own lock) and SYCL keep their directories for that reason (prunes()); the generic layout
+ * and PoCL make theirs as they store. */
+#define DIR_GRACE_MS 2000
+
+static bool descent_started_locked(struct kfs *fs);
+#define PRUNE_LATER_MAX 4096
+
+static int64_t dir_grace_ns(const struct kfs *fs)
+{
+        return (int64_t)(fs->o.grace_ms > DIR_GRACE_MS ? fs->o.grace_ms : DIR_GRACE_MS) * 1000000;
+}
+
+/* evict_lock held. rel (a directory) is looked at again from due on. */
+static void prune_later(struct kfs *fs, const char *rel, int64_t due)
+{
+        size_t i = 0;
+        while (i < fs->prune.n && strcmp(fs->prune.rel[i], rel))
+                i++;
+        if (i == fs->prune.n) {
+                if (i == PRUNE_LATER_MAX)
+                        return; /* it stays, empty, until an eviction empties it again */
+                char *d = strdup(rel);
+                char **r = realloc(fs->prune.rel, (i + 1) * sizeof(*r));
+                if (r)
+                        fs->prune.rel = r;
+                int64_t *t = realloc(fs->prune.due, (i + 1) * sizeof(*t));
+                if (t)
+                        fs->prune.due = t;
+                if (!d || !r || !t) {
+                        free(d);
+                        return;
+                }
+                fs->prune.rel[i] = d;
+                fs->prune.n++;
+        }
+        fs->prune.due[i] = due;
+        int64_t next = atomic_load(&fs->prune.next);
+        if (!next || due < next)
+                atomic_store(&fs->prune.next, due);
+        pthread_mutex_lock(&fs->space_lock);
+        if (descent_started_locked(fs)) /* the descent wakes at prune.next */
+                pthread_cond_signal(&fs->descent.cond);
+        pthread_mutex_unlock(&fs->space_lock);
+}
+
+/* evict_lock held. Removes the directory rel if it is empty and not named within DIR_GRACE, then each
+ * directory above it that this empties, up to the runtime's root (EMPTIED DIRECTORIES). */
+static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *nl)
 {
         char rel[PATH_MAX];
-        if (snprintf(rel, sizeof(rel), "%s", file_rel) >= (int)sizeof(rel))
+        if (snprintf(rel, sizeof(rel), "%s", dir_rel) >= (int)sizeof(rel))
                 return;
-        char *slash;
-        while ((slash = strrchr(rel, '/'))) {
-                *slash = '\0';
-                if (dir_kept(fs, rel))
-                        return;
+        while (!dir_kept(fs, rel)) {
                 int fd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 struct stat st, ps;
                 if (fd < 0 || fstat(fd, &st) < 0) {
@@ -654,14 +704,20 @@ static void prune_dirs(struct kfs *fs, const char *file_rel, struct notify_list 
                 int pfd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 base[-1] = '/';
                 bool gone = false;
+                int64_t named = 0, now = kfs_now_ns();
                 if (pfd >= 0 && fstat(pfd, &ps) == 0) {
                         pthread_mutex_lock(&fs->itable_lock);
-                        struct stat now;
+                        struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
+                        named = in ? atomic_load(&in->named_ns) : 0;
+                        if (named > now - dir_grace_ns(fs)) /* a runtime may be about to store in it */
+                                in = NULL;
+                        else
+                                named = 0;
+                        struct stat cur;
                         /* still that directory (fd holds it), and empty: rmdir says so */
-                        gone = fstatat(pfd, base, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == st.st_ino &&
-                               unlinkat(pfd, base, AT_REMOVEDIR) == 0;
-                        struct kfs_inode *in = gone ? kfs_inode_find_locked(fs, st.st_ino) : NULL;
-                        if (in && in != &fs->root) {
+                        gone = !named && fstatat(pfd, base, &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
+                               cur.st_ino == st.st_ino && unlinkat(pfd, base, AT_REMOVEDIR) == 0;
+                        if (gone && in && in != &fs->root) {
                                 atomic_store(&in->evicted, true);
                                 kfs_inode_fd_retire(fs, in);
                                 kmap_del(&fs->itable, in->bino);
@@ -677,9 +733,46 @@ static void prune_dirs(struct kfs *fs, const char *file_rel, struct notify_list 
                 if (pfd >= 0)
                         close(pfd);
                 close(fd);
+                if (named) {
+                        prune_later(fs, rel, named + dir_grace_ns(fs));
+                        return;
+                }
                 if (!gone)
                         return;
+                base[-1] = '\0';
         }
+}
+
+/* evict_lock held. Looks again at the directories whose grace has passed (EMPTIED DIRECTORIES). */
+static void prune_due(struct kfs *fs, struct notify_list *nl)
+{
+        int64_t now = kfs_now_ns(), next = atomic_load(&fs->prune.next);
+        if (!next || next > now)
+                return;
+        char **due = fs->prune.n ? malloc(fs->prune.n * sizeof(*due)) : NULL;
+        if (!fs->prune.n)
+                atomic_store(&fs->prune.next, 0);
+        if (!due)
+                return;
+        size_t nd = 0, kept = 0;
+        next = 0;
+        for (size_t i = 0; i < fs->prune.n; i++) {
+                if (fs->prune.due[i] <= now) {
+                        due[nd++] = fs->prune.rel[i];
+                        continue;
+                }
+                if (!next || fs->prune.due[i] < next)
+                        next = fs->prune.due[i];
+                fs->prune.rel[kept] = fs->prune.rel[i];
+                fs->prune.due[kept++] = fs->prune.due[i];
+        }
+        fs->prune.n = kept;
+        atomic_store(&fs->prune.next, next);
+        for (size_t i = 0; i < nd; i++) { /* named again meanwhile: back in the list */
+                prune_dir(fs, due[i], nl);
+                free(due[i]);
+        }
+        free(due);
 }
 
 /* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
@@ -786,9 +879,16 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                         continue;
                 }
                 freed += kidx_evicted(fs->idx, v->ino, v->names[0].path ? v->names[0].path : v->names[0].name, now);
-                for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
-                        if (v->names[i].removed && v->names[i].path)
-                                prune_dirs(fs, v->names[i].path, nl);
+                for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) { /* (EMPTIED DIRECTORIES) */
+                        char dir[PATH_MAX];
+                        char *slash;
+                        if (v->names[i].removed && v->names[i].path &&
+                            snprintf(dir, sizeof(dir), "%s", v->names[i].path) < (int)sizeof(dir) &&
+                            (slash = strrchr(dir, '/'))) {
+                                *slash = '\0';
+                                prune_dir(fs, dir, nl);
+                        }
+                }
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
                 struct victim *v = &vs->v[u->first + k];
@@ -1067,7 +1167,6 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
 /* space_lock held. */
 static bool try_reserve_locked(struct kfs *fs, uint64_t bytes);
 static void descent_kick_locked(struct kfs *fs, uint64_t used, bool force);
-static bool descent_started_locked(struct kfs *fs);
 
 /* A write waiting for room while another request's eviction runs (HELPING). */
 struct space_wait {
@@ -1135,6 +1234,7 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         }
         if (freed >= 0)
                 repair_all(fs, &vs, nl);
+        prune_due(fs, nl);
         free_victims(&vs);
         dircache_free(&dc);
         return freed;
@@ -1355,9 +1455,23 @@ static void *descent_main(void *arg)
         unsigned fruitless = 0; /* runs in a row that freed nothing: the retry backs off, to a minute */
         pthread_mutex_lock(&fs->space_lock);
         while (!fs->descent.stop) {
-                if (!fs->descent.kicked && again) {
-                        struct timespec until = { .tv_sec = again / 1000000000LL, .tv_nsec = again % 1000000000LL };
-                        if (pthread_cond_timedwait(&fs->descent.cond, &fs->space_lock, &until) == ETIMEDOUT) {
+                int64_t prune_at = atomic_load(&fs->prune.next); /* (EMPTIED DIRECTORIES) */
+                if (!fs->descent.kicked && (again || prune_at)) {
+                        int64_t wake = again && (!prune_at || again < prune_at) ? again : prune_at;
+                        struct timespec until = { .tv_sec = wake / 1000000000LL, .tv_nsec = wake % 1000000000LL };
+                        if (pthread_cond_timedwait(&fs->descent.cond, &fs->space_lock, &until) != ETIMEDOUT)
+                                continue;
+                        if (prune_at && prune_at <= kfs_now_ns()) {
+                                pthread_mutex_unlock(&fs->space_lock);
+                                struct notify_list nl = { 0 };
+                                pthread_mutex_lock(&fs->evict_lock);
+                                if (!fs->evict_stop)
+                                        prune_due(fs, &nl);
+                                pthread_mutex_unlock(&fs->evict_lock);
+                                notify_all(fs, &nl);
+                                pthread_mutex_lock(&fs->space_lock);
+                        }
+                        if (again && again <= kfs_now_ns()) {
                                 again = 0;
                                 fs->descent.kicked = true; /* no write needs to come for it to go on */
                         }
@@ -1529,6 +1643,13 @@ bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in)
 
 void kfs_evict_free(struct kfs *fs)
 {
+        for (size_t i = 0; i < fs->prune.n; i++)
+                free(fs->prune.rel[i]);
+        free(fs->prune.rel);
+        free(fs->prune.due);
+        fs->prune.rel = NULL;
+        fs->prune.due = NULL;
+        fs->prune.n = 0;
         for (size_t k = 0; k < fs->nrepairs; k++)
                 free(fs->repairs[k].dir);
         free(fs->repairs);

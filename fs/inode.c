@@ -328,6 +328,7 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         in = kfs_inode_find_locked(fs, st->st_ino);
         if (in) {
                 in->nlookup++;
+                kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict.c) */
                 pthread_mutex_unlock(&fs->itable_lock);
                 if (fd >= 0)
                         close(fd);
@@ -357,11 +358,13 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         init_from_stat(fs, n, st);
         n->bookkeeping = S_ISREG(st->st_mode) && (!strcmp(name, KFS_NEO_SIZE_FILE) || !strcmp(name, KFS_SYCL_SIZE_FILE));
         n->nlookup = 1;
+        kfs_dir_named(n);
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */
+                kfs_dir_named(in);
         } else if (kmap_put(&fs->itable, n->bino, n) < 0) {
                 pthread_mutex_unlock(&fs->itable_lock);
                 pthread_mutex_destroy(&n->lock);

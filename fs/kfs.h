@@ -123,6 +123,9 @@ struct kfs_inode {
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
+        _Atomic int64_t named_ns; /* a directory: when a request last named it (looked it up, or looked up
+                                     or created in it); eviction removes no directory named recently
+                                     (evict.c, EMPTIED DIRECTORIES) */
         _Atomic int32_t pt_id;    /* registered backing file (passthrough.c), kept until the inode is
                                      forgotten or evicted; 0: none. Set under lock */
         uint32_t pt_opens;        /* opens in passthrough mode (passthrough.c); lock */
@@ -207,6 +210,12 @@ struct kfs {
         } descent;
         _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */
         pthread_mutex_t evict_lock; /* one eviction at a time */
+        struct {                    /* emptied directories named too recently to go yet (EMPTIED DIRECTORIES) */
+                char **rel;             /* paths below the root; evict_lock */
+                int64_t *due;           /* not before this (ns); evict_lock */
+                size_t n;               /* evict_lock */
+                _Atomic int64_t next;   /* the earliest due, 0: none; the descent wakes for it */
+        } prune;
         struct {                    /* written files, measured again after writeback (settle.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;    /* stopping */
@@ -245,6 +254,15 @@ static inline bool kfs_stale(struct kfs_inode *in)
 }
 
 int64_t kfs_now_ns(void);
+
+/* A request names the directory in (a lookup of it or in it, a create in it): eviction leaves it be for
+ * a while, even if it empties it (evict.c, EMPTIED DIRECTORIES). */
+static inline void kfs_dir_named(struct kfs_inode *in)
+{
+        if (S_ISDIR(in->type))
+                atomic_store(&in->named_ns, kfs_now_ns());
+}
+
 /* A new object's mode as the caller asked for it: the caller's umask applies (FUSE passes it with the
  * request; the daemon's own umask is 0, set at start, so it never applies on top). */
 static inline mode_t kfs_req_mode(fuse_req_t req, mode_t mode)

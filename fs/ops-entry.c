@@ -45,6 +45,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                 return -ENOENT;
         if (kfs_stale(dir))
                 return -ESTALE; /* eviction removed the directory (evict.c, EMPTIED DIRECTORIES) */
+        kfs_dir_named(dir);
         memset(e, 0, sizeof(*e));
         int dfd = kfs_inode_fd(fs, dir), r;
         if (dfd < 0)
@@ -287,6 +288,7 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
                 fuse_reply_err(req, kfs_stale(dir) ? ESTALE : EPERM);
                 return;
         }
+        kfs_dir_named(dir);
         int dfd = kfs_inode_fd(fs, dir);
         if (dfd < 0) {
                 fuse_reply_err(req, -dfd);
@@ -351,6 +353,7 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
                 fuse_reply_err(req, kfs_stale(in) || kfs_stale(dir) ? ESTALE : EPERM);
                 return;
         }
+        kfs_dir_named(dir);
         int fd = kfs_inode_fd(fs, in), dfd = fd < 0 ? fd : kfs_inode_fd(fs, dir);
         int r = dfd < 0 ? dfd : 0;
         if (r == 0) {
@@ -458,6 +461,7 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 fuse_reply_err(req, ESTALE);
                 return;
         }
+        kfs_dir_named(nd);
         struct stat src, dst;
         bool exchange = flags & RENAME_EXCHANGE;
         int ofd = kfs_inode_fd(fs, od), nfd = ofd < 0 ? ofd : kfs_inode_fd(fs, nd);

@@ -173,6 +173,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 fuse_reply_err(req, kfs_stale(dir) ? ESTALE : EPERM); /* ESTALE: evicted (EMPTIED DIRECTORIES) */
                 return;
         }
+        kfs_dir_named(dir);
         int flags = kfs_backing_flags(fi->flags) | O_NOFOLLOW;
         bool created = true, indexed = false;
         int dfd = kfs_inode_fd(fs, dir);

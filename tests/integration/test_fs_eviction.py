@@ -424,6 +424,40 @@ def test_eviction_takes_the_directories_it_empties_and_runtimes_make_them_again(
     assert p.returncode == 0, p.stdout + p.stderr
 
 
+def test_a_directory_a_runtime_just_made_again_outlives_the_eviction_that_empties_it(kfs):
+    """PoCL stores by mkdir -p of its program directory, a temporary file in the cache root, and a rename
+    into the directory. If eviction empties the directory between the mkdir and the rename, it must not
+    remove it (the rename would fail with ENOENT): a directory named in the last 2 s stays, and goes once
+    that has passed if it is still empty (evict.c, EMPTIED DIRECTORIES)."""
+    m = kfs({"max_size": "1M", "grace_ms": "0", "low_watermark": "100"})
+    os.makedirs(m.path("pocl", "ab", "old"))
+    with open(m.path("pocl", "ab", "old", "program.bc"), "wb") as f:
+        f.write(os.urandom(600 * K))
+    time.sleep(0.05)
+    os.makedirs(m.path("pocl", "ab", "old"), exist_ok=True)  # the store begins
+    with open(m.path("pocl", "filler"), "wb") as f:  # another process's write evicts program.bc
+        f.write(os.urandom(600 * K))
+    assert not os.path.exists(os.path.join(m.backing, "pocl", "ab", "old", "program.bc"))
+    with open(m.path("pocl", "tempfile-1"), "wb") as f:
+        f.write(b"log")
+    os.rename(m.path("pocl", "tempfile-1"), m.path("pocl", "ab", "old", "build.log"))  # ENOENT if removed
+    assert open(m.path("pocl", "ab", "old", "build.log"), "rb").read() == b"log"
+    # An emptied directory that nothing names goes once its grace has passed, with no eviction after it.
+    os.makedirs(m.path("pocl", "cd", "gone"))
+    with open(m.path("pocl", "cd", "gone", "program.bc"), "wb") as f:
+        f.write(os.urandom(300 * K))
+    os.makedirs(m.path("pocl", "cd", "gone"), exist_ok=True)
+    os.unlink(m.path("pocl", "filler"))
+    assert open(m.path("pocl", "ab", "old", "build.log"), "rb").read() == b"log"  # newer than program.bc
+    with open(m.path("pocl", "filler2"), "wb") as f:
+        f.write(os.urandom(800 * K))
+    assert not os.path.exists(os.path.join(m.backing, "pocl", "cd", "gone", "program.bc"))
+    assert os.path.isdir(os.path.join(m.backing, "pocl", "cd", "gone"))  # named just now: it stays
+    wait_for(lambda: not os.path.exists(os.path.join(m.backing, "pocl", "cd")), timeout=10,
+             what="the emptied directories to go once their grace passed")
+    assert os.path.isdir(os.path.join(m.backing, "pocl", "ab", "old"))  # it holds build.log
+
+
 def test_the_backing_filesystem_holds_at_most_the_limit_and_the_reap_bound(kfs):
     """On a backing filesystem of its own, 4 writers of files up to 5 MiB through a 32 MiB cache: what the filesystem holds
     (its used blocks, less the index, which has its own bound) never passes max_size by more than the
