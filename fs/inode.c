@@ -24,13 +24,19 @@
  * number never matches), and its O_PATH fd is one of a bounded set: borrowed for the length of a request
  * (kfs_inode_fd, kfs_inode_fd_put), kept open while idle in LRU order, closed past fs->fdc.cap and
  * reopened by open_by_handle_at at its next use. Reopening needs CAP_DAC_READ_SEARCH (a root daemon has
- * it) and a filesystem that exports handles (ext4, xfs, btrfs, tmpfs); without them fds stay open for the
- * inode's life as before, and the mount says so when the limit is below the cache's files. An evicted
+ * it) and a filesystem that exports handles (ext4, xfs, btrfs, tmpfs). Without them (a daemon that is not
+ * root) the inode remembers where it was last seen instead, its directory (up, a reference held) and
+ * name, which every lookup and rename through the mount refreshes, and it reopens by name from its
+ * directory's fd (borrowed the same way, so a walk up the tree at worst), checking that the name still
+ * holds that inode number; where it does not (the name was removed or replaced behind the mount), the
+ * request gets ESTALE and the kernel looks the path up again, which refreshes the name. An idle fd whose
+ * file has no name left (unlinked while open) is never closed, since no name reopens it. An evicted
  * inode gives its fd up at once (or at its last borrower's put): it lends the placeholder fs->dead_fd,
  * so the kernel's leftover inodes of evicted files hold no descriptor at all. */
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,10 +116,19 @@ static void trim_locked(struct kfs *fs)
         while (fs->fdc.open > fs->fdc.cap && fs->fdc.idle_head) {
                 struct kfs_inode *v = fs->fdc.idle_head;
                 idle_unlink(fs, v);
+                struct stat st;
+                if (!v->fh && fstat(v->fd, &st) == 0 && st.st_nlink == 0 && !S_ISDIR(st.st_mode))
+                        continue; /* unlinked while open: no name reopens it, it stays (DESCRIPTORS) */
                 close(v->fd);
                 v->fd = -1;
                 fs->fdc.open--;
         }
+}
+
+/* Whether the inode's fd may be closed while idle: something reopens it (DESCRIPTORS). */
+static bool reopenable(const struct kfs_inode *in)
+{
+        return in->fh || in->up;
 }
 
 /* A new inode's fd joins the set (fdc.open counts it; it may be closed at once if idle past the cap).
@@ -122,7 +137,7 @@ static void fd_adopt(struct kfs *fs, struct kfs_inode *in)
 {
         pthread_mutex_lock(&fs->fdc.lock);
         fs->fdc.open++;
-        if (in->fh)
+        if (reopenable(in))
                 idle_push(fs, in);
         trim_locked(fs);
         pthread_mutex_unlock(&fs->fdc.lock);
@@ -142,6 +157,37 @@ static void fd_forget(struct kfs *fs, struct kfs_inode *in)
         free(in->fh);
 }
 
+/* Reopens in's O_PATH fd from its directory and name (DESCRIPTORS). Returns it, or -errno. */
+static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
+{
+        char name[NAME_MAX + 1];
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *up = in->up;
+        if (up) {
+                up->nlookup++; /* a rename may move in and drop its reference on up meanwhile */
+                snprintf(name, sizeof(name), "%s", in->name);
+        }
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (!up)
+                return -ESTALE;
+        int dfd = kfs_inode_fd(fs, up), fd = -ESTALE;
+        if (dfd >= 0) {
+                fd = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                struct stat st;
+                if (fd < 0) {
+                        fd = errno == ENOENT ? -ESTALE : -errno;
+                } else if (fstat(fd, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type) {
+                        close(fd); /* the name holds another file now */
+                        fd = -ESTALE;
+                }
+        } else {
+                fd = dfd;
+        }
+        kfs_inode_fd_put(fs, up, dfd);
+        kfs_inode_unref(fs, up, 1);
+        return fd;
+}
+
 int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
 {
         if (in == &fs->root)
@@ -159,10 +205,12 @@ int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
                 return fd;
         }
         pthread_mutex_unlock(&fs->fdc.lock);
-        /* Closed while idle (only an inode with a handle is): reopen it, outside the lock. */
-        int fd = open_by_handle_at(fs->root_fd, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        /* Closed while idle (only a reopenable inode is): reopen it, outside the lock. */
+        int fd = in->fh ? open_by_handle_at(fs->root_fd, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
+        if (fd < 0 && in->fh)
+                fd = errno == ENOENT ? -ESTALE : -errno;
         if (fd < 0)
-                return errno == ENOENT ? -ESTALE : -errno;
+                return fd;
         atomic_fetch_add(&fs->fdc.reopens, 1);
         pthread_mutex_lock(&fs->fdc.lock);
         if (in->fd >= 0 || kfs_stale(in)) { /* another borrower reopened it first, or it was evicted */
@@ -188,7 +236,7 @@ void kfs_inode_fd_put(struct kfs *fs, struct kfs_inode *in, int fd)
                         close(in->fd);
                         in->fd = -1;
                         fs->fdc.open--;
-                } else if (in->fh) {
+                } else if (reopenable(in)) {
                         idle_push(fs, in);
                         trim_locked(fs);
                 }
@@ -254,15 +302,11 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                 }
                 free(h);
         }
-        if (fs->fdc.handles && files > fs->fdc.cap)
+        if (files > fs->fdc.cap)
                 fprintf(stderr, "kcachefs: keeping at most %zu of the cache's %llu files' descriptors open "
-                        "(RLIMIT_NOFILE %llu); the others are reopened by file handle\n", fs->fdc.cap,
-                        (unsigned long long)files, (unsigned long long)lim);
-        else if (!fs->fdc.handles && files + 1024 > lim)
-                fprintf(stderr, "kcachefs: warning: the descriptor limit (RLIMIT_NOFILE %llu) is below the cache's "
-                        "%llu files, and descriptors cannot be reopened (%s): once the kernel holds that many "
-                        "inodes, requests fail with EMFILE until it forgets some; raise the limit\n",
-                        (unsigned long long)lim, (unsigned long long)files, fs->fdc.why);
+                        "(RLIMIT_NOFILE %llu); the others are reopened by %s\n", fs->fdc.cap,
+                        (unsigned long long)files, (unsigned long long)lim,
+                        fs->fdc.handles ? "file handle" : "name");
 }
 
 int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
@@ -319,17 +363,47 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
         pthread_mutex_init(&in->lock, NULL);
 }
 
-int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat *st, int fd,
+/* itable_lock held. Remembers dir/name as where in reopens (DESCRIPTORS). Returns the directory it was
+ * seen in before, whose reference the caller drops (kfs_inode_unref) once it has let the lock go. */
+static struct kfs_inode *seen_at_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
+{
+        if (fs->fdc.handles || !dir || in == &fs->root || (in->up == dir && !strcmp(in->name, name)))
+                return NULL;
+        char *n = strdup(name);
+        if (!n)
+                return NULL; /* the old name serves, or nothing does: ESTALE, and the kernel looks it up again */
+        struct kfs_inode *old = in->up;
+        dir->nlookup++;
+        in->up = dir;
+        free(in->name);
+        in->name = n;
+        return old;
+}
+
+void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const char *name)
+{
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, bino);
+        struct kfs_inode *old = in ? seen_at_locked(fs, in, dir, name) : NULL;
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (old)
+                kfs_inode_unref(fs, old, 1);
+}
+
+int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st, int fd,
                   struct kfs_inode **ret)
 {
-        struct kfs_inode *in;
+        struct kfs_inode *in, *old = NULL;
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
         if (in) {
                 in->nlookup++;
                 kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict.c) */
+                old = seen_at_locked(fs, in, dir, name);
                 pthread_mutex_unlock(&fs->itable_lock);
+                if (old)
+                        kfs_inode_unref(fs, old, 1);
                 if (fd >= 0)
                         close(fd);
                 *ret = in;
@@ -365,6 +439,7 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */
                 kfs_dir_named(in);
+                old = seen_at_locked(fs, in, dir, name);
         } else if (kmap_put(&fs->itable, n->bino, n) < 0) {
                 pthread_mutex_unlock(&fs->itable_lock);
                 pthread_mutex_destroy(&n->lock);
@@ -373,9 +448,13 @@ int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat
                 free(n);
                 return -ENOMEM;
         } else {
+                if (!n->fh)
+                        (void)seen_at_locked(fs, n, dir, name); /* a new inode: no old directory */
                 fd_adopt(fs, n); /* before anyone can find it: from here the fd is the set's */
         }
         pthread_mutex_unlock(&fs->itable_lock);
+        if (old)
+                kfs_inode_unref(fs, old, 1);
         /* Eviction (or a repair) may have removed the file between our stat and the insert: it then found
          * no inode of ours to mark evicted, and a dentry to this one would open the removed file for as
          * long as the kernel keeps it. A removal after the insert finds it in the table and marks it. */
@@ -407,13 +486,17 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 kmap_del(&fs->itable, in->bino);
         else if (gone) /* an evicted inode, already detached (T4) */
                 kmap_del(&fs->detached, (uint64_t)(uintptr_t)in);
+        struct kfs_inode *up = gone ? in->up : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
                 kfs_pt_forget(fs, in);
                 fd_forget(fs, in);
                 pthread_mutex_destroy(&in->lock);
+                free(in->name);
                 free(in);
         }
+        if (up) /* its reference on the directory it was seen in (DESCRIPTORS) */
+                kfs_inode_unref(fs, up, 1);
 }
 
 void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st)
@@ -440,6 +523,7 @@ void kfs_inode_table_free(struct kfs *fs)
                         if (in->fd >= 0)
                                 close(in->fd);
                         free(in->fh);
+                        free(in->name);
                         pthread_mutex_destroy(&in->lock);
                         free(in);
                 }

@@ -101,7 +101,11 @@ struct kfs_opts {
 struct kfs_inode {
         int fd;                   /* O_PATH|O_NOFOLLOW on the backing inode while open, else -1: borrow it
                                      with kfs_inode_fd() (inode.c, DESCRIPTORS); fs->fdc.lock */
-        struct file_handle *fh;   /* reopens fd (open_by_handle_at); NULL: fd stays open; immutable */
+        struct file_handle *fh;   /* reopens fd (open_by_handle_at); NULL: see up; immutable */
+        struct kfs_inode *up;     /* without file handles: the directory where the inode was last seen,
+                                     which reopens fd with name (NULL for the root, or where neither
+                                     reopens it: fd stays open); holds a reference to it; itable_lock */
+        char *name;               /* its name in up; itable_lock */
         uint32_t fd_users;        /* borrowers of fd, which is not closed while they hold it; fs->fdc.lock */
         struct kfs_inode *idle_prev, *idle_next; /* fs->fdc's idle list: fd open, no borrower; fs->fdc.lock */
         uint64_t bino;            /* backing st_ino: the table key and the index key; immutable */
@@ -174,12 +178,12 @@ struct kfs {
 
         struct {                  /* the inodes' O_PATH fds, a bounded set (inode.c, DESCRIPTORS) */
                 pthread_mutex_t lock; /* a leaf: no other lock is taken under it */
-                bool handles;         /* open_by_handle_at works here: idle fds may be closed */
+                bool handles;         /* open_by_handle_at works here, else idle fds reopen by name */
                 char why[160];        /* why not, if not */
                 size_t open;          /* inodes' fds open now; lock */
                 size_t cap;           /* idle fds are closed past this many (from RLIMIT_NOFILE) */
                 struct kfs_inode *idle_head, *idle_tail; /* least recently used first; lock */
-                _Atomic uint64_t reopens; /* fds reopened from their handle since mount */
+                _Atomic uint64_t reopens; /* fds reopened from their handle or name since mount */
         } fdc;
 
         pthread_mutex_t itable_lock;
@@ -304,8 +308,10 @@ void kfs_free_opts(struct kfs_opts *o);
 struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino);
 /* Finds or creates the inode for an fstat()ed backing object under dir/name and takes one lookup
  * reference. fd_or_neg: an O_PATH fd already opened on it (consumed), or -1. */
-int kfs_inode_ref(struct kfs *fs, int dirfd, const char *name, const struct stat *st, int fd_or_neg,
-                  struct kfs_inode **ret);
+int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st,
+                  int fd_or_neg, struct kfs_inode **ret);
+/* A rename moved the backing inode bino to dir/name: where it reopens by name (DESCRIPTORS). */
+void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const char *name);
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
 /* Borrows an O_PATH fd on the inode's backing object, reopening it from its file handle if it was closed;
  * the fd stays open until kfs_inode_fd_put(fs, in, fd). An evicted inode lends fs->dead_fd, the

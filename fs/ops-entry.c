@@ -60,7 +60,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                         break;
                 }
                 struct kfs_inode *in;
-                r = kfs_inode_ref(fs, dfd, name, &e->attr, -1, &in);
+                r = kfs_inode_ref(fs, dir, dfd, name, &e->attr, -1, &in);
                 if (r == -ESTALE && tries < 8)
                         continue;
                 if (r == 0)
@@ -82,7 +82,7 @@ int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int
         memset(e, 0, sizeof(*e));
         e->attr = *st;
         struct kfs_inode *in;
-        int r = kfs_inode_ref(fs, -1, name, st, pfd, &in); /* by its fd: the directory is not needed */
+        int r = kfs_inode_ref(fs, dir, -1, name, st, pfd, &in); /* by its fd: the directory is not needed */
         if (r < 0)
                 return r;
         fill_entry(fs, in, e);
@@ -475,6 +475,7 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         /* A replaced target is held until the index is told (see kfs_op_unlink). */
         int hold = exchange ? -1 : openat(nfd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
         bool replaced = hold >= 0 && fstat(hold, &dst) == 0;
+        bool swapped = exchange && fstatat(nfd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
         int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
         kfs_inode_fd_put(fs, nd, nfd);
         kfs_inode_fd_put(fs, od, ofd);
@@ -490,6 +491,9 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 fuse_reply_err(req, 0);
                 return;
         }
+        kfs_inode_moved(fs, src.st_ino, nd, newname); /* where it reopens (inode.c, DESCRIPTORS) */
+        if (swapped)
+                kfs_inode_moved(fs, dst.st_ino, od, name);
         if (replaced)
                 forget_name_of_file(fs, &dst); /* the rename op drops the target's dent itself */
         kidx_rename(fs->idx, od->bino, name, nd->bino, newname, exchange);

@@ -5,6 +5,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from conftest import ROOT, wait_for
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")
@@ -12,9 +14,11 @@ KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
 LIMIT = 4096
 
 
-def start_limited(m):
-    """Starts m's daemon with RLIMIT_NOFILE 4096 and no capability to raise it."""
-    cmd = ["setpriv", "--bounding-set", "-sys_resource", "sh", "-c",
+def start_limited(m, reopen="handle"):
+    """Starts m's daemon with RLIMIT_NOFILE 4096 and no capability to raise it; reopen="name": nor
+    CAP_DAC_READ_SEARCH, which open_by_handle_at needs (as for a daemon that is not root)."""
+    caps = "-sys_resource" + (",-dac_read_search" if reopen == "name" else "")
+    cmd = ["setpriv", "--bounding-set", caps, "sh", "-c",
            f'ulimit -Sn {LIMIT} && ulimit -Hn {LIMIT} && exec "$@"', "sh"] + m.args()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     m.stderr = p.stderr
@@ -31,10 +35,11 @@ def nfds(pid):
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def test_a_daemon_limited_to_4096_descriptors_serves_walks_and_removes_many_more_files(kfs):
+@pytest.mark.parametrize("reopen", ["handle", "name"])
+def test_a_daemon_limited_to_4096_descriptors_serves_walks_and_removes_many_more_files(kfs, reopen):
     n_dirs, per_dir = 16, 1000  # 16,000 files and 16 directories: four times the limit
     m = kfs({"max_size": "1G"}, start=False, tmpfs_size="1g")
-    pid = start_limited(m)
+    pid = start_limited(m, reopen)
     for d in range(n_dirs):
         os.mkdir(m.path(f"d{d}"))
         for i in range(per_dir):
@@ -52,6 +57,16 @@ def test_a_daemon_limited_to_4096_descriptors_serves_walks_and_removes_many_more
         for i in range(0, per_dir, 7):
             assert open(m.path(f"d{d}", f"f{i}"), "rb").read() == b"%d/%d" % (d, i)
     worst = max(worst, nfds(pid))
+    # Renamed through the mount, a directory and a file still reopen (by name: from where they went).
+    os.rename(m.path("d0"), m.path("d0r"))
+    os.rename(m.path("d1", "f3"), m.path("d0r", "f3moved"))
+    subprocess.run(["find", m.mnt, "-type", "f"], capture_output=True, check=True)  # their fds are closed
+    for i in range(0, per_dir, 11):
+        os.stat(m.path("d0r", f"f{i}"))
+        assert open(m.path("d0r", f"f{i}"), "rb").read() == b"0/%d" % i
+    assert open(m.path("d0r", "f3moved"), "rb").read() == b"1/3"
+    os.rename(m.path("d0r", "f3moved"), m.path("d1", "f3"))
+    os.rename(m.path("d0r"), m.path("d0"))
     v = subprocess.run([KCACHE, "verify", m.mnt], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
     # An operator's eviction of most of it, then rm -rf of the rest.
@@ -70,13 +85,16 @@ def test_a_daemon_limited_to_4096_descriptors_serves_walks_and_removes_many_more
         for i in range(per_dir):
             open(os.path.join(m.backing, f"d{d}", f"f{i}"), "wb").close()
     m.opts["rebuild"] = True
-    start_limited(m)
-    assert "keeping at most 2048 of the cache's 16000 files' descriptors open" in m.stderr, m.stderr
+    start_limited(m, reopen)
+    said = "keeping at most 2048 of the cache's 16000 files' descriptors open (RLIMIT_NOFILE 4096); the others " \
+           f"are reopened by {'file handle' if reopen == 'handle' else 'name'}"
+    assert said in m.stderr, m.stderr
 
 
-def test_evicted_files_the_kernel_remembers_hold_no_descriptor(kfs):
+@pytest.mark.parametrize("reopen", ["handle", "name"])
+def test_evicted_files_the_kernel_remembers_hold_no_descriptor(kfs, reopen):
     m = kfs({"max_size": "4M"}, start=False, tmpfs_size="512m")
-    pid = start_limited(m)
+    pid = start_limited(m, reopen)
     payload = os.urandom(8192)
     worst = 0
     for i in range(3 * LIMIT):  # 12,288 files of 8 KiB through a 4 MiB cache: ~11,800 evictions
