@@ -1412,22 +1412,46 @@ static int stat_through(struct kfs *fs, struct kfs_inode *in, int fd, struct sta
         return fd >= 0 ? (fstat(fd, st) < 0 ? -errno : 0) : kfs_fstat_inode(fs, in, st);
 }
 
-void kfs_space_account_grown(struct kfs *fs, struct kfs_inode *in, int fd)
+/* in->lock held. What st adds to the count over what the index holds of in (0 where nothing counts). */
+static uint64_t growth_locked(struct kfs_inode *in, const struct stat *st)
 {
-        struct stat st;
-        uint64_t grow = 0;
-        if (stat_through(fs, in, fd, &st) == 0) {
+        uint64_t now = (uint64_t)st->st_blocks * 512;
+        return S_ISREG(in->type) && !in->unlinked && !kfs_stale(in) && now > in->alloc ? now - in->alloc : 0;
+}
+
+bool kfs_space_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st)
+{
+        if (growth_locked(in, st))
+                return false;
+        kfs_inode_account_locked(fs, in, st);
+        return true;
+}
+
+void kfs_space_measure(struct kfs *fs, struct kfs_inode *in, int fd, uint64_t reserved)
+{
+        uint64_t held = reserved;
+        for (int round = 0;; round++) {
+                struct stat st;
                 pthread_mutex_lock(&in->lock);
-                uint64_t now = (uint64_t)st.st_blocks * 512;
-                grow = now > in->alloc && !in->unlinked ? now - in->alloc : 0;
+                bool ok = stat_through(fs, in, fd, &st) == 0;
+                uint64_t grow = ok ? growth_locked(in, &st) : 0;
+                /* After two rounds, or if nothing could go: counted all the same, the blocks are on the disk. */
+                if (grow <= held || round == 2) {
+                        if (held)
+                                kfs_space_settle(fs, in, ok ? &st : NULL, held);
+                        else if (ok)
+                                kfs_inode_account_locked(fs, in, &st);
+                        pthread_mutex_unlock(&in->lock);
+                        return;
+                }
                 pthread_mutex_unlock(&in->lock);
+                /* It grew by more than was promised (ext4's extent blocks, allocation at writeback, a
+                 * shared mapping's writes): room for the rest first, as for a write. */
+                if (kfs_space_reserve(fs, grow - held) == 0)
+                        held = grow;
+                else
+                        round = 1;
         }
-        if (grow && kfs_space_reserve(fs, grow) < 0)
-                grow = 0; /* nothing could go: counted all the same, the blocks are on the disk */
-        pthread_mutex_lock(&in->lock);
-        bool ok = stat_through(fs, in, fd, &st) == 0;
-        kfs_space_settle(fs, in, ok ? &st : NULL, grow);
-        pthread_mutex_unlock(&in->lock);
 }
 
 /* in_line: for a write, inside it (see runtime_lock). */

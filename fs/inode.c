@@ -390,6 +390,29 @@ void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const
                 kfs_inode_unref(fs, old, 1);
 }
 
+void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *dir, const char *name, int fd)
+{
+        if (fs->fdc.handles)
+                return;
+        struct kfs_inode *up = NULL;
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
+        if (in && in->up == dir && !strcmp(in->name, name)) {
+                up = in->up;
+                in->up = NULL;
+                free(in->name);
+                in->name = NULL;
+                pthread_mutex_lock(&fs->fdc.lock);
+                idle_unlink(fs, in); /* no longer reopenable: never closed while idle */
+                if (in->fd < 0 && (in->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0)
+                        fs->fdc.open++;
+                pthread_mutex_unlock(&fs->fdc.lock);
+        }
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (up)
+                kfs_inode_unref(fs, up, 1);
+}
+
 int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st, int fd,
                   struct kfs_inode **ret)
 {

@@ -310,6 +310,10 @@ struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino);
  * reference. fd_or_neg: an O_PATH fd already opened on it (consumed), or -1. */
 int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st,
                   int fd_or_neg, struct kfs_inode **ret);
+/* The name dir/name of the backing inode st goes (an unlink, a rename over it), and fd is open on that
+ * inode: if the inode reopens by that name (DESCRIPTORS), it keeps a descriptor instead, for its other
+ * links or its open files, until a lookup names it again. */
+void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *dir, const char *name, int fd);
 /* A rename moved the backing inode bino to dir/name: where it reopens by name (DESCRIPTORS). */
 void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const char *name);
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
@@ -339,11 +343,15 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
 /* After an allocating operation (in->lock held): accounts st (if not NULL) and releases the reservation,
  * atomically for anyone checking space. */
 void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *st, uint64_t reserved);
-/* in's file grew behind the daemon's back (written back; written through a shared mapping of the
- * backing file): accounts it through fd (or its O_PATH fd if -1), the growth reserved first as a write's
- * would be, so that eviction makes room and the count stays within max_size (counted all the same if
- * nothing can go: the blocks are on the disk). No lock of ours held. */
-void kfs_space_account_grown(struct kfs *fs, struct kfs_inode *in, int fd);
+/* Measures in's file through fd (or its O_PATH fd if -1) and accounts it (T3), after an allocating
+ * operation that reserved `reserved` bytes (released here) or after it grew behind the daemon's back
+ * (written back; written through a shared mapping of the backing file): growth beyond the reservation is
+ * reserved first, as a write's would be, so that eviction makes room and the count stays within max_size
+ * (counted all the same if nothing can go: the blocks are on the disk). No lock of ours held. */
+void kfs_space_measure(struct kfs *fs, struct kfs_inode *in, int fd, uint64_t reserved);
+/* in->lock held: accounts st (T3) if that adds nothing to the count, and returns true; else returns false
+ * and the caller, having let in->lock go, calls kfs_space_measure(). */
+bool kfs_space_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st);
 /* Evicts least recently used files until used <= target (sparing recently used ones if grace). Returns
  * bytes freed or -errno. */
 int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace);

@@ -197,10 +197,12 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 r = fi ? ftruncate(fd, attr->st_size) : truncate(proc, attr->st_size);
                 struct stat st;
                 int e = errno;
-                if (r == 0 && fstatat(pfd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0)
-                        kfs_inode_account_locked(fs, in, &st);
+                bool grew = r == 0 && fstatat(pfd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 &&
+                            !kfs_space_account_locked(fs, in, &st);
                 in->cache_ok = false;
                 pthread_mutex_unlock(&in->lock);
+                if (grew) /* allocated unseen before (writeback): room first */
+                        kfs_space_measure(fs, in, fi ? fd : -1, 0);
                 errno = e;
                 if (r < 0)
                         goto err;
@@ -410,6 +412,8 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
         }
         /* Hold the inode until the index is told, so that its number cannot go to a new file meanwhile. */
         int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        if (hold >= 0 && fstat(hold, &st) == 0)
+                kfs_inode_unnamed(fs, &st, dir, name, hold); /* (inode.c, DESCRIPTORS) */
         if (hold < 0 || fstat(hold, &st) < 0 || unlinkat(dfd, name, 0) < 0) {
                 int e = errno;
                 if (hold >= 0)
@@ -476,6 +480,8 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         int hold = exchange ? -1 : openat(nfd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
         bool replaced = hold >= 0 && fstat(hold, &dst) == 0;
         bool swapped = exchange && fstatat(nfd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
+        if (replaced)
+                kfs_inode_unnamed(fs, &dst, nd, newname, hold); /* (inode.c, DESCRIPTORS) */
         int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
         kfs_inode_fd_put(fs, nd, nfd);
         kfs_inode_fd_put(fs, od, ofd);

@@ -65,7 +65,11 @@ static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
         if ((fd >= 0 ? fstat(fd, &st) : kfs_fstat_inode(fs, in, &st)) == 0) {
                 keep = in->cache_ok && (uint64_t)st.st_size == in->size && st.st_mtim.tv_sec == in->mtime.tv_sec &&
                        st.st_mtim.tv_nsec == in->mtime.tv_nsec;
-                kfs_inode_account_locked(fs, in, &st);
+                if (!kfs_space_account_locked(fs, in, &st)) { /* it grew unseen (writeback): room first */
+                        pthread_mutex_unlock(&in->lock);
+                        kfs_space_measure(fs, in, fd, 0);
+                        pthread_mutex_lock(&in->lock);
+                }
                 in->cache_ok = true;
         }
         pthread_mutex_unlock(&in->lock);
@@ -314,13 +318,8 @@ static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct 
                 res = run_op(op);
         }
         /* A fallocate is measured even without a reservation: a punch frees blocks. */
-        if (est || res < 0 || !op->src) {
-                struct stat st;
-                pthread_mutex_lock(&in->lock);
-                bool ok = fstat(op->fd, &st) == 0;
-                kfs_space_settle(fs, in, ok ? &st : NULL, est);
-                pthread_mutex_unlock(&in->lock);
-        }
+        if (est || res < 0 || !op->src)
+                kfs_space_measure(fs, in, op->fd, est);
         return res;
 }
 
@@ -406,7 +405,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 if (pt && is_writer(fi->flags)) {
                         /* Its shared mappings wrote to the backing file directly: account them, with
                          * room made for them first, and again once they are written back. */
-                        kfs_space_account_grown(fs, in, (int)(uint32_t)fi->fh);
+                        kfs_space_measure(fs, in, (int)(uint32_t)fi->fh, 0);
                         kfs_settle_note(fs, in);
                 }
                 kfs_flock_close(fs, (int)(uint32_t)fi->fh);
