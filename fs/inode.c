@@ -157,6 +157,58 @@ static void fd_forget(struct kfs *fs, struct kfs_inode *in)
         free(in->fh);
 }
 
+struct names {
+        uint64_t dir[4];
+        char *name[4];
+        size_t n;
+};
+
+static void collect_name(void *ud, uint64_t dir, const char *name)
+{
+        struct names *ns = ud;
+        if (ns->n < 4 && (ns->name[ns->n] = strdup(name)))
+                ns->dir[ns->n++] = dir;
+}
+
+static struct kfs_inode *seen_at_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name);
+
+/* The name in reopens by no longer holds it: something other than a request through the mount removed or
+ * replaced it (eviction keeping a file that gained a link meanwhile, a repair, a process writing to the
+ * backing directory). Its names as the index knows them, by path from the root, and the first that holds
+ * it becomes where it reopens (DESCRIPTORS). Returns the fd, or -ESTALE. */
+static int reopen_by_index(struct kfs *fs, struct kfs_inode *in)
+{
+        struct names ns = { 0 };
+        (void)kidx_flush(fs->idx); /* the names as of now */
+        (void)kidx_names(fs->idx, in->bino, collect_name, &ns);
+        int fd = -ESTALE;
+        for (size_t i = 0; i < ns.n; i++) {
+                char path[PATH_MAX];
+                struct stat st;
+                int l = kidx_dir_path(fs->idx, ns.dir[i], path, sizeof(path));
+                size_t len = strlen(path);
+                if (fd >= 0 || l < 0 || snprintf(path + len, sizeof(path) - len, "%s%s", len ? "/" : "", ns.name[i]) >=
+                                                (int)(sizeof(path) - len))
+                        continue;
+                fd = openat(fs->root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type)) {
+                        close(fd);
+                        fd = -ESTALE;
+                }
+                if (fd < 0)
+                        continue;
+                pthread_mutex_lock(&fs->itable_lock);
+                struct kfs_inode *dir = ns.dir[i] == fs->root.bino ? &fs->root : kfs_inode_find_locked(fs, ns.dir[i]);
+                struct kfs_inode *old = dir ? seen_at_locked(fs, in, dir, ns.name[i]) : NULL;
+                pthread_mutex_unlock(&fs->itable_lock);
+                if (old)
+                        kfs_inode_unref(fs, old, 1);
+        }
+        for (size_t i = 0; i < ns.n; i++)
+                free(ns.name[i]);
+        return fd;
+}
+
 /* Reopens in's O_PATH fd from its directory and name (DESCRIPTORS). Returns it, or -errno. */
 static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
 {
@@ -169,7 +221,7 @@ static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
         }
         pthread_mutex_unlock(&fs->itable_lock);
         if (!up)
-                return -ESTALE;
+                return reopen_by_index(fs, in);
         int dfd = kfs_inode_fd(fs, up), fd = -ESTALE;
         if (dfd >= 0) {
                 fd = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
@@ -185,7 +237,7 @@ static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
         }
         kfs_inode_fd_put(fs, up, dfd);
         kfs_inode_unref(fs, up, 1);
-        return fd;
+        return fd == -ESTALE ? reopen_by_index(fs, in) : fd;
 }
 
 int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
