@@ -191,7 +191,7 @@ static int kc_stats(int argc, char **argv)
                         { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
                         { "helped_writes", "counter" }, { "blocked_writes", "counter" },
                         { "background_evictions", "counter" }, { "index_bytes", "gauge" },
-                        { "wal_bytes", "gauge" },
+                        { "wal_bytes", "gauge" }, { "inode_fds", "gauge" }, { "fd_reopens", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -229,6 +229,8 @@ static int kc_stats(int argc, char **argv)
                 kc_human(kc_num(mount, "index_bytes"), a, sizeof(a));
                 kc_human(kc_num(mount, "wal_bytes"), b, sizeof(b));
                 printf("index       %s on disk (%s of it write-ahead log), %s\n", a, b, index);
+                printf("descriptors %" PRIu64 " held for inodes, %" PRIu64 " reopened since mount\n",
+                       kc_num(mount, "inode_fds"), kc_num(mount, "fd_reopens"));
                 if (users) {
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);

@@ -32,7 +32,7 @@ static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", 
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
                                           "passthrough", "passthrough_opens", "transport", "ring_requests",
                                           "helped_writes", "blocked_writes", "background_evictions",
-                                          "index_bytes", "wal_bytes" };
+                                          "index_bytes", "wal_bytes", "inode_fds", "fd_reopens" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -55,13 +55,15 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64
                         ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 ",\"helped_writes\":%" PRIu64
                         ",\"blocked_writes\":%" PRIu64 ",\"background_evictions\":%" PRIu64
-                        ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 "}",
+                        ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 ",\"inode_fds\":%" PRIu64
+                        ",\"fd_reopens\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
                         fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
                         kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
                         (uint64_t)atomic_load(&fs->helped_writes), (uint64_t)atomic_load(&fs->blocked_writes),
-                        (uint64_t)atomic_load(&fs->descent.runs), s.db_bytes + s.wal_bytes, s.wal_bytes);
+                        (uint64_t)atomic_load(&fs->descent.runs), s.db_bytes + s.wal_bytes, s.wal_bytes,
+                        kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens));
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -91,6 +93,7 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "blocked_writes", atomic_load(&fs->blocked_writes) },
                 { "background_evictions", atomic_load(&fs->descent.runs) },
                 { "index_bytes", s.db_bytes + s.wal_bytes }, { "wal_bytes", s.wal_bytes },
+                { "inode_fds", kfs_inode_fds_open(fs) }, { "fd_reopens", atomic_load(&fs->fdc.reopens) },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

@@ -361,6 +361,14 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                         fs->fdc.handles ? "file handle" : "name");
 }
 
+uint64_t kfs_inode_fds_open(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->fdc.lock);
+        uint64_t n = fs->fdc.open;
+        pthread_mutex_unlock(&fs->fdc.lock);
+        return n;
+}
+
 int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
 {
         int pfd = kfs_inode_fd(fs, in);

@@ -317,6 +317,8 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
 /* A rename moved the backing inode bino to dir/name: where it reopens by name (DESCRIPTORS). */
 void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const char *name);
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
+/* The inodes' O_PATH descriptors open now (DESCRIPTORS). */
+uint64_t kfs_inode_fds_open(struct kfs *fs);
 /* Borrows an O_PATH fd on the inode's backing object, reopening it from its file handle if it was closed;
  * the fd stays open until kfs_inode_fd_put(fs, in, fd). An evicted inode lends fs->dead_fd, the
  * placeholder. Returns the fd, or -ESTALE (the object is gone from the backing filesystem), -EMFILE. */

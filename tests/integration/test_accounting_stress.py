@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, backing_bytes
+from conftest import HERE, ROOT, backing_bytes, wait_for
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
@@ -44,11 +44,23 @@ def xattr(m, name):
     return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
 
 
-@pytest.mark.parametrize("seed", seeds())
-def test_random_operations_leave_the_index_equal_to_the_tree(kfs, seed):
+def start_reopening_by_name(m):
+    """Starts m's daemon as one that is not root would run: no CAP_DAC_READ_SEARCH (so no file handles:
+    idle descriptors reopen by name, inode.c DESCRIPTORS) and few descriptors, so that they do."""
+    cmd = ["setpriv", "--bounding-set", "-sys_resource,-dac_read_search", "sh", "-c",
+           'ulimit -Sn 600 && ulimit -Hn 600 && exec "$@"', "sh"] + m.args()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"kcachefs failed: {p.stderr}"
+    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
+
+
+@pytest.mark.parametrize("seed,reopen", [(s, "handle") for s in seeds()] + [(5, "name")])
+def test_random_operations_leave_the_index_equal_to_the_tree(kfs, seed, reopen):
     seconds = float(os.environ.get("KCACHEFS_STRESS_SECONDS", "20"))
-    print(f"seed {seed}")
-    m = kfs({"max_size": "16M", "grace_ms": "200"}, fs="ext4", tmpfs_size="256m")
+    print(f"seed {seed}, descriptors reopened by {reopen}")
+    m = kfs({"max_size": "16M", "grace_ms": "200"}, fs="ext4", tmpfs_size="256m", start=reopen == "handle")
+    if reopen == "name":
+        start_reopening_by_name(m)
     stop = threading.Event()
     worst = [0, 0]
 
@@ -77,6 +89,8 @@ def test_random_operations_leave_the_index_equal_to_the_tree(kfs, seed):
                  "rename", "rename_over_open", "unlink", "dirs"):
         assert done.get(kind, 0) > 0, f"seed {seed}: no {kind} succeeded: {done}"
     assert xattr(m, "evicted_files") > 0, f"seed {seed}: nothing was evicted: the limit was never reached"
+    if reopen == "name":  # the scene really made the daemon close and reopen descriptors by name
+        assert xattr(m, "fd_reopens") >= 10 and xattr(m, "inode_fds") <= 300, (xattr(m, "fd_reopens"), xattr(m, "inode_fds"))
     assert worst[0] <= LIMIT, f"seed {seed}: the daemon counted {worst[0]} bytes, over {LIMIT}"
 
     subprocess.run(["sync"], check=True)
