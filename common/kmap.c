@@ -48,9 +48,8 @@ static void raw_put(uint64_t *keys, void **vals, size_t cap, uint64_t key, void 
         vals[i] = val;
 }
 
-static int grow(kmap *m)
+static int resize(kmap *m, size_t ncap)
 {
-        size_t ncap = m->cap ? m->cap * 2 : 64;
         uint64_t *nk = calloc(ncap, sizeof(*nk));
         void **nv = calloc(ncap, sizeof(*nv));
         if (!nk || !nv) {
@@ -67,6 +66,19 @@ static int grow(kmap *m)
         m->vals = nv;
         m->cap = ncap;
         return 0;
+}
+
+static int grow(kmap *m)
+{
+        return resize(m, m->cap ? m->cap * 2 : 64);
+}
+
+int kmap_reserve(kmap *m, size_t n)
+{
+        size_t cap = m->cap ? m->cap : 64;
+        while (n * 10 > cap * 7)
+                cap *= 2;
+        return cap > m->cap ? resize(m, cap) : 0;
 }
 
 int kmap_put(kmap *m, uint64_t key, void *val)

@@ -554,15 +554,19 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
                 struct stat st;
                 if (dirfds[i] < 0)
                         continue;
+                kfs_names_lock(fs, v->names[i].dir, v->names[i].dir); /* no rename between check and unlink */
                 int fd = openat(dirfds[i], v->names[i].name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (fd < 0 || fstat(fd, &st) < 0 || st.st_ino != v->ino) {
+                        kfs_names_unlock(fs, v->names[i].dir, v->names[i].dir);
                         if (fd >= 0) {
                                 close(fd); /* the index is stale for this name: never remove another file */
                                 *replaced = true;
                         }
                         continue;
                 }
-                if (unlinkat(dirfds[i], v->names[i].name, 0) < 0) {
+                int gone = unlinkat(dirfds[i], v->names[i].name, 0);
+                kfs_names_unlock(fs, v->names[i].dir, v->names[i].dir);
+                if (gone < 0) {
                         close(fd);
                         continue;
                 }
@@ -642,9 +646,9 @@ static bool prunes(enum kfs_rt rt)
  * (under its own lock) and SYCL keep their directories for that reason (prunes()); the generic layout
  * and PoCL make theirs as they store. */
 #define DIR_GRACE_MS 2000
+#define PRUNE_LATER_MAX 4096
 
 static bool descent_started_locked(struct kfs *fs);
-#define PRUNE_LATER_MAX 4096
 
 static int64_t dir_grace_ns(const struct kfs *fs)
 {

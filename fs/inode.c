@@ -361,6 +361,22 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                         fs->fdc.handles ? "file handle" : "name");
 }
 
+void kfs_names_lock(struct kfs *fs, uint64_t a, uint64_t b)
+{
+        size_t i = a % KFS_NAME_LOCKS, j = b % KFS_NAME_LOCKS;
+        pthread_mutex_lock(&fs->name_locks[i < j ? i : j]);
+        if (i != j)
+                pthread_mutex_lock(&fs->name_locks[i < j ? j : i]);
+}
+
+void kfs_names_unlock(struct kfs *fs, uint64_t a, uint64_t b)
+{
+        size_t i = a % KFS_NAME_LOCKS, j = b % KFS_NAME_LOCKS;
+        pthread_mutex_unlock(&fs->name_locks[i]);
+        if (i != j)
+                pthread_mutex_unlock(&fs->name_locks[j]);
+}
+
 uint64_t kfs_inode_fds_open(struct kfs *fs)
 {
         pthread_mutex_lock(&fs->fdc.lock);

@@ -20,10 +20,14 @@
  *   ops.c       the fuse_lowlevel_ops table
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
- * index's own locks; fs->fdc.lock (the inodes' descriptors, inode.c) is a leaf, taken under any of them;
- * fs->settle.lock (settle.c) is taken with none of ours held, and itable_lock under it. No lock of ours is held while a reply is sent or while the kernel is notified, and
- * the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE KERNEL). */
+ * index's own locks; fs->fdc.lock (the inodes' descriptors, inode.c) and fs->name_locks (kfs_names_lock)
+ * are leaves, taken under any of them; fs->settle.lock (settle.c) is taken with none of ours held, and
+ * itable_lock under it. No lock of ours is held while a reply is sent or while the kernel is notified,
+ * and the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE
+ * KERNEL). */
 #pragma once
+
+#define KFS_NAME_LOCKS 64
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
@@ -186,6 +190,11 @@ struct kfs {
                 _Atomic uint64_t reopens; /* fds reopened from their handle or name since mount */
         } fdc;
 
+        /* Held, for the backing directory whose inode number hashes to it, around a removal that first
+         * checks what the name holds (eviction, repairs) and around a rename through the mount: without
+         * it, a rename that put a new file at the name between the check and the unlink lost that file
+         * (the index kept it: "only in the index"). */
+        pthread_mutex_t name_locks[KFS_NAME_LOCKS];
         pthread_mutex_t itable_lock;
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
         kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
@@ -235,6 +244,7 @@ struct kfs {
                 int *fds;               /* lock */
                 size_t n, cap;          /* lock */
                 uint64_t bytes;         /* the files queued or being closed hold this much; lock */
+                size_t held;            /* fds queued or being closed; lock */
                 bool busy, stop, started; /* lock */
                 pthread_t thread;
         } reap;
@@ -317,6 +327,10 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
 /* A rename moved the backing inode bino to dir/name: where it reopens by name (DESCRIPTORS). */
 void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const char *name);
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n);
+/* Takes (or lets go) the name locks of the directories with backing inode numbers a and b (one, if
+ * they share it), in a fixed order (struct kfs, name_locks). */
+void kfs_names_lock(struct kfs *fs, uint64_t a, uint64_t b);
+void kfs_names_unlock(struct kfs *fs, uint64_t a, uint64_t b);
 /* The inodes' O_PATH descriptors open now (DESCRIPTORS). */
 uint64_t kfs_inode_fds_open(struct kfs *fs);
 /* Borrows an O_PATH fd on the inode's backing object, reopening it from its file handle if it was closed;

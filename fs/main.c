@@ -468,6 +468,8 @@ static int init_root(struct kfs *fs)
         fs->root.nlookup = 1;
         pthread_mutex_init(&fs->root.lock, NULL);
         pthread_mutex_init(&fs->itable_lock, NULL);
+        for (size_t i = 0; i < KFS_NAME_LOCKS; i++)
+                pthread_mutex_init(&fs->name_locks[i], NULL);
         pthread_mutex_init(&fs->space_lock, NULL);
         pthread_cond_init(&fs->space_cond, NULL);
         pthread_mutex_init(&fs->evict_lock, NULL);

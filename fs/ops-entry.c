@@ -482,7 +482,9 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         bool swapped = exchange && fstatat(nfd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
         if (replaced)
                 kfs_inode_unnamed(fs, &dst, nd, newname, hold); /* (inode.c, DESCRIPTORS) */
+        kfs_names_lock(fs, od->bino, nd->bino); /* (kfs.h, name_locks) */
         int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
+        kfs_names_unlock(fs, od->bino, nd->bino);
         kfs_inode_fd_put(fs, nd, nfd);
         kfs_inode_fd_put(fs, od, ofd);
         if (moved < 0) {

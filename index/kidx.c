@@ -219,11 +219,19 @@ static int open_checked(kidx *idx, bool *ret_new)
 int kidx__load_sizes(kidx *idx)
 {
         sqlite3_stmt *st;
-        int rc = sqlite3_prepare_v2(idx->db, "SELECT ino, bytes FROM files", -1, &st, NULL);
-        if (rc != SQLITE_OK)
-                return kidx__errno(rc);
         kmap sizes;
         kmap_init(&sizes);
+        int rc = sqlite3_prepare_v2(idx->db, "SELECT count(*) FROM files", -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        if (sqlite3_step(st) == SQLITE_ROW) /* one table of the right size, not a series of doublings */
+                (void)kmap_reserve(&sizes, (size_t)sqlite3_column_int64(st, 0));
+        sqlite3_finalize(st);
+        rc = sqlite3_prepare_v2(idx->db, "SELECT ino, bytes FROM files", -1, &st, NULL);
+        if (rc != SQLITE_OK) {
+                kmap_free(&sizes);
+                return kidx__errno(rc);
+        }
         uint64_t used = 0;
         int r = 0;
         while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
