@@ -30,7 +30,7 @@
 
 #define DEFAULT_MAX_SIZE "1G"
 #define DEFAULT_LOW_WATERMARK 90
-#define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK
+#define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
 #define DEFAULT_TIMEOUT 3600.0
 #define LOCK_WAIT_MS 30000 /* for a daemon that is stopping to let go of the index */
 

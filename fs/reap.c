@@ -13,12 +13,12 @@
  * bounded: past kfs_reap_bound() bytes queued (1/64 of max_size, at least 256 KiB), an evicting request
  * closes its victims' fds itself. So the backing filesystem never holds more than max_size plus that
  * bound of the cache's files (4 writers through a 4 MiB cache held 930 KiB more, 22%, when this queue
- * was unbounded). The fds it holds are bounded too, by half the inodes' descriptor budget
- * (inode.c, DESCRIPTORS): the background descent evicting 12,099 files of 4 KiB through a cache of 4
- * GiB queued one fd per file, within the byte bound, and a daemon limited to 4,096 descriptors then
- * failed a write with EMFILE. kfs_reap_drain() waits the queue out where it matters: before a write that failed with
- * the backing filesystem's ENOSPC retries, and after an operator's eviction (kcache evict), whose caller
- * may look at df of the backing filesystem next. */
+ * was unbounded). The fds it holds are bounded too, by half the inodes' descriptor budget (inode.c,
+ * DESCRIPTORS), a quarter of RLIMIT_NOFILE: the background descent evicting 12,099 files of 4 KiB
+ * through a cache of 4 GiB queued one fd per file, within the byte bound, and a daemon limited to 4,096
+ * descriptors then failed a write with EMFILE. kfs_reap_drain() waits the queue out where it matters:
+ * before a write that failed with the backing filesystem's ENOSPC retries, and after an operator's
+ * eviction (kcache evict), whose caller may look at df of the backing filesystem next. */
 #include <stdlib.h>
 #include <unistd.h>
 

@@ -60,10 +60,13 @@ static int is_base32(int c)
         return (c >= 'A' && c <= 'Z') || (c >= '2' && c <= '7');
 }
 
-/* Bookkeeping and locks: never evicted, whatever their age. */
+/* Bookkeeping, configuration and locks: never evicted, whatever their age. The bare name lock is the lock
+ * file of Triton, PyOpenCL and torch extensions; ccache.conf holds ccache's own settings (max_size among
+ * them), which an eviction would silently reset. */
 static bool is_bookkeeping(const char *name)
 {
-        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, KFS_JAX_LOCK, "stats", "index" };
+        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, KFS_JAX_LOCK, "stats", "index",
+                                             "lock", "ccache.conf" };
         for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
                 if (!strcmp(name, exact[i]))
                         return true;
@@ -221,6 +224,14 @@ static bool is_cuda_index(const char *n)
         return !strcmp(n, "index");
 }
 
+/* Mesa's multi-file shader cache: <dir>/mesa_shader_cache (Mesa appends that name to
+ * MESA_SHADER_CACHE_DIR too), an index every GL process mmaps, and <2 hex>/<38 hex> entries, each its own
+ * unit (Mesa checks each entry's key and CRC: a missing one is a miss). Its index is bookkeeping. */
+static bool is_mesa_dir(const char *d)
+{
+        return !strncmp(base_of(d), "mesa_shader_cache", 17);
+}
+
 static bool neo_name(const char *n)
 {
         const char *dot = strchr(n, '.');
@@ -370,8 +381,9 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 return r;
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3)) &&
-            (f == KFS_RT_CUDA || strcmp(d, dir))) {
-                /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not it */
+            (f == KFS_RT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d)))) {
+                /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not
+                 * it, and neither is Mesa's, whose entries go one by one (below) */
                 free(dir);
                 return whole_dir_unit(fs, u, KFS_RT_CUDA, d, is_cuda_index);
         }

@@ -478,3 +478,50 @@ def test_bad_layout_option_is_refused(kfs):
     m.opts["layout"] = "odd=frob"
     p = m.start(check=False)
     assert p.returncode != 0 and "invalid layout" in p.stderr
+
+
+# ---------------------------------------------------------------- Mesa, and names that are never cache
+def test_mesa_entries_go_one_by_one_and_its_index_stays(kfs):
+    """Mesa's multi-file cache (mesa_shader_cache/index above <2 hex>/<38 hex> entries) is not the CUDA
+    driver's (a directory holding a file named index): eviction takes its least recently used entries one
+    by one, as Mesa expects (a missing entry is a miss), and never its index, which every GL process
+    mmaps. Taken for CUDA's, the whole cache was one unit: evicted whole, index included."""
+    m = kfs({"max_size": "1M", "grace_ms": "0"})
+    root = m.path("mesa", "mesa_shader_cache")
+    os.makedirs(root)
+    with open(os.path.join(root, "index"), "wb") as f:
+        f.write(b"\0" * 8 * K)
+    entries = []
+    for k in range(24):  # 24 x 32 KiB: 768 KiB
+        h = hashlib.sha1(str(k).encode()).hexdigest()
+        os.makedirs(os.path.join(root, h[:2]), exist_ok=True)
+        entries.append(os.path.join(root, h[:2], h[2:]))
+        with open(entries[-1], "wb") as f:
+            f.write(payload(k, 32 * K))
+    with open(m.path("filler"), "wb") as f:  # needs about 8 of the oldest entries' room
+        f.write(payload("filler", 480 * K))
+    left = [e for e in entries if os.path.exists(e)]
+    assert os.path.exists(os.path.join(root, "index"))
+    assert 8 <= len(entries) - len(left) <= 12, f"{len(entries) - len(left)} entries evicted"
+    assert all(os.path.exists(e) for e in entries[-8:])  # the newest stay
+    for e in left:
+        assert open(e, "rb").read() == payload(entries.index(e), 32 * K)
+
+
+def test_lock_files_and_ccache_settings_are_never_evicted(kfs):
+    """The bare name lock (Triton, PyOpenCL, torch extensions: a lock file made with O_EXCL) and
+    ccache.conf (ccache's own settings, max_size among them) are never evicted, however old."""
+    m = kfs({"max_size": "1M", "grace_ms": "0"})
+    for d in ("pyopencl", "torch_extensions/ext", "ccache"):
+        os.makedirs(m.path(d))
+    keep = [m.path("pyopencl", "lock"), m.path("torch_extensions", "ext", "lock"), m.path("ccache", "ccache.conf")]
+    for p in keep:
+        with open(p, "wb") as f:
+            f.write(b"max_size = 5G\n" if p.endswith(".conf") else b"")
+    for k in range(8):
+        with open(m.path("ccache", f"entry{k}"), "wb") as f:
+            f.write(payload(k, 256 * K))
+    kcache("evict", m.mnt, "--to", "0")
+    assert all(os.path.exists(p) for p in keep)
+    assert open(keep[2], "rb").read() == b"max_size = 5G\n"
+    assert not any(os.path.exists(m.path("ccache", f"entry{k}")) for k in range(4))
