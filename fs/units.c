@@ -17,6 +17,7 @@
  *                                                            without program.bc: a store in flight, busy
  *                                                            until older than tmp_age
  *   CUDA     the directory holding the driver's `index`      index first, then every file below it
+ *            (not Mesa's mesa_shader_cache*, whose <2 hex>/<38 hex> entries go one by one: "other")
  *   other    -                                               the file
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
  * markers cannot recognise (and to turn recognition off: layout=file).
