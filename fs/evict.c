@@ -718,9 +718,11 @@ static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *n
                         else
                                 named = 0;
                         struct stat cur;
-                        /* still that directory (fd holds it), and empty: rmdir says so */
+                        /* still that directory (fd holds it), and empty: rmdir says so; no rename between */
+                        kfs_names_lock(fs, ps.st_ino, ps.st_ino);
                         gone = !named && fstatat(pfd, base, &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
                                cur.st_ino == st.st_ino && unlinkat(pfd, base, AT_REMOVEDIR) == 0;
+                        kfs_names_unlock(fs, ps.st_ino, ps.st_ino);
                         if (gone && in && in != &fs->root) {
                                 atomic_store(&in->evicted, true);
                                 kfs_inode_fd_retire(fs, in);
