@@ -26,7 +26,7 @@ GRACE = "20"
 TRITON_GRACE = "100"
 # PoCL's store syncs each of its five files before the next: a store re-writing a complete program
 # directory in place spans milliseconds, and under the ASan daemon two of its steps were over 20 ms apart
-# in 2 runs out of 20 (the same with this session's and the last session's worker settings): eviction then
+# in 2 runs out of 20 (with either of two worker settings tried): eviction then
 # takes the directory between them. Like Triton's, its replay gets a grace that covers a store.
 POCL_GRACE = "100"
 WORKERS = 4
