@@ -99,6 +99,7 @@ struct kfs_opts {
         size_t nlayouts;
         double tmp_age;           /* seconds after which a runtime's temporary file counts as leaked */
         unsigned grace_ms;        /* files accessed this recently are never evicted */
+        unsigned inode_fds;       /* -o inode_fds=: idle inodes' descriptors kept open; 0: half RLIMIT_NOFILE */
         int show_help, show_version;
 };
 
@@ -110,6 +111,8 @@ struct kfs_inode {
                                      which reopens fd with name (NULL for the root, or where neither
                                      reopens it: fd stays open); holds a reference to it; itable_lock */
         char *name;               /* its name in up; itable_lock */
+        bool name_lost;           /* up and name went with that link, and it has others: it reopens by the
+                                     index's names (inode.c); itable_lock */
         uint32_t fd_users;        /* borrowers of fd, which is not closed while they hold it; fs->fdc.lock */
         struct kfs_inode *idle_prev, *idle_next; /* fs->fdc's idle list: fd open, no borrower; fs->fdc.lock */
         uint64_t bino;            /* backing st_ino: the table key and the index key; immutable */
@@ -185,6 +188,7 @@ struct kfs {
                 bool handles;         /* open_by_handle_at works here, else idle fds reopen by name */
                 char why[160];        /* why not, if not */
                 size_t open;          /* inodes' fds open now; lock */
+                size_t idle;          /* of them, in the idle list (open, reopenable, not borrowed); lock */
                 size_t cap;           /* idle fds are closed past this many (from RLIMIT_NOFILE) */
                 struct kfs_inode *idle_head, *idle_tail; /* least recently used first; lock */
                 _Atomic uint64_t reopens; /* fds reopened from their handle or name since mount */

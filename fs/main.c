@@ -57,6 +57,8 @@ static void usage(const char *prog)
                "                            default 3600\n"
                "    -o grace_ms=MS          never evict an entry used this recently (a runtime builds and\n"
                "                            reads an entry in several steps); default 2000\n"
+               "    -o inode_fds=N          idle inodes' descriptors kept open (others are reopened at their\n"
+               "                            next use); default half of RLIMIT_NOFILE\n"
                "    -o index=PATH           SQLite index location; default BACKING_DIR/%s/index.db. Keep it\n"
                "                            on a local disk when BACKING_DIR is on NFS or Lustre\n"
                "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"

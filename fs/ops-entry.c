@@ -380,9 +380,12 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
 
 /* st is the backing stat of a regular file that just lost a name. If that was its last name, the
  * file leaves the index and stops counting (it may live on while open: T3 then no longer applies). */
+/* st: the file as it is after the removal of a name (fstat of a descriptor held on it), so that a link
+ * made meanwhile by another process keeps it counted: a count taken before the removal said "last name",
+ * the file lived on under the new one, and none of its writes was counted again. */
 static void forget_name_of_file(struct kfs *fs, const struct stat *st)
 {
-        if (!S_ISREG(st->st_mode) || st->st_nlink > 1)
+        if (!S_ISREG(st->st_mode) || st->st_nlink > 0)
                 return;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
@@ -424,7 +427,8 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
         }
         kfs_inode_fd_put(fs, dir, dfd);
         kidx_del_dent(fs->idx, dir->bino, name);
-        forget_name_of_file(fs, &st);
+        if (fstat(hold, &st) == 0) /* its names now */
+                forget_name_of_file(fs, &st);
         close(hold);
         fuse_reply_err(req, 0);
 }
@@ -502,7 +506,7 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         kfs_inode_moved(fs, src.st_ino, nd, newname); /* where it reopens (inode.c, DESCRIPTORS) */
         if (swapped)
                 kfs_inode_moved(fs, dst.st_ino, od, name);
-        if (replaced)
+        if (replaced && fstat(hold, &dst) == 0) /* its names now */
                 forget_name_of_file(fs, &dst); /* the rename op drops the target's dent itself */
         kidx_rename(fs->idx, od->bino, name, nd->bino, newname, exchange);
         if (hold >= 0)

@@ -104,6 +104,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("layout=%s", layout_str),
         OPT("tmp_age=%lf", tmp_age),
         OPT("grace_ms=%u", grace_ms),
+        OPT("inode_fds=%u", inode_fds),
         OPT("timeout=%lf", timeout),
         OPT("flush_ms=%u", flush_ms),
         OPT("nolog", nolog),
