@@ -189,7 +189,8 @@ struct kfs {
                 char why[160];        /* why not, if not */
                 size_t open;          /* inodes' fds open now; lock */
                 size_t idle;          /* of them, in the idle list (open, reopenable, not borrowed); lock */
-                size_t cap;           /* idle fds are closed past this many (from RLIMIT_NOFILE) */
+                size_t cap;           /* idle fds are closed past this many (-o inode_fds, at most half
+                                         RLIMIT_NOFILE) */
                 struct kfs_inode *idle_head, *idle_tail; /* least recently used first; lock */
                 _Atomic uint64_t reopens; /* fds reopened from their handle or name since mount */
         } fdc;

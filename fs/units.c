@@ -381,12 +381,14 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                         u->busy = true;
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3)) &&
-            (f == KFS_RT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d)))) {
+        if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3))) {
                 /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not
                  * it, and neither is Mesa's, whose entries go one by one (below) */
-                free(dir);
-                return whole_dir_unit(fs, u, KFS_RT_CUDA, d, is_cuda_index);
+                if (f == KFS_RT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d))) {
+                        free(dir);
+                        return whole_dir_unit(fs, u, KFS_RT_CUDA, d, is_cuda_index);
+                }
+                free(d);
         }
         if ((f == KFS_RT_AUTO || f == KFS_RT_NEO) && (neo_name(name) || f == KFS_RT_NEO)) {
                 u->rt = KFS_RT_NEO;
