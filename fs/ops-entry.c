@@ -415,9 +415,10 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
         }
         /* Hold the inode until the index is told, so that its number cannot go to a new file meanwhile. */
         int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-        if (hold >= 0 && fstat(hold, &st) == 0)
+        bool held = hold >= 0 && fstat(hold, &st) == 0;
+        if (held)
                 kfs_inode_unnamed(fs, &st, dir, name, hold); /* (inode.c, DESCRIPTORS) */
-        if (hold < 0 || fstat(hold, &st) < 0 || unlinkat(dfd, name, 0) < 0) {
+        if (!held || unlinkat(dfd, name, 0) < 0) {
                 int e = errno;
                 if (hold >= 0)
                         close(hold);

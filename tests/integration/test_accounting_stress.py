@@ -17,7 +17,8 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, backing_bytes, wait_for
+from conftest import HERE, ROOT, backing_bytes
+from test_fd_bounded import start_limited
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
@@ -44,17 +45,6 @@ def xattr(m, name):
     return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
 
 
-def start_reopening_by_name(m):
-    """Starts m's daemon as one that is not root would run: no CAP_DAC_READ_SEARCH (so no file handles:
-    idle descriptors reopen by name, inode.c DESCRIPTORS), 1,024 descriptors, and 48 kept for idle inodes,
-    so that they do whatever the daemon's speed (the workers keep about a hundred inodes known)."""
-    cmd = ["setpriv", "--bounding-set", "-sys_resource,-dac_read_search", "sh", "-c",
-           'ulimit -Sn 1024 && ulimit -Hn 1024 && exec "$@"', "sh"] + m.args()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"kcachefs failed: {p.stderr}"
-    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
-
-
 def cases():
     """Every seed with a root daemon (descriptors reopened by file handle). KCACHEFS_STRESS_BY_NAME=1 adds
     one with a daemon that reopens by name (as one that is not root does). That one is left out of the
@@ -73,8 +63,8 @@ def test_random_operations_leave_the_index_equal_to_the_tree(kfs, seed, reopen):
     if reopen == "name":
         opts["inode_fds"] = "48"
     m = kfs(opts, fs="ext4", tmpfs_size="256m", start=reopen == "handle")
-    if reopen == "name":
-        start_reopening_by_name(m)
+    if reopen == "name":  # as a daemon that is not root runs: no file handles, idle descriptors reopen by
+        start_limited(m, "name", 1024)  # name (inode.c, DESCRIPTORS); 48 kept idle, so that they do
     stop = threading.Event()
     worst = [0, 0]
 

@@ -14,12 +14,12 @@ KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
 LIMIT = 4096
 
 
-def start_limited(m, reopen="handle"):
-    """Starts m's daemon with RLIMIT_NOFILE 4096 and no capability to raise it; reopen="name": nor
+def start_limited(m, reopen="handle", limit=LIMIT):
+    """Starts m's daemon with RLIMIT_NOFILE limit (4096) and no capability to raise it; reopen="name": nor
     CAP_DAC_READ_SEARCH, which open_by_handle_at needs (as for a daemon that is not root)."""
     caps = "-sys_resource" + (",-dac_read_search" if reopen == "name" else "")
     cmd = ["setpriv", "--bounding-set", caps, "sh", "-c",
-           f'ulimit -Sn {LIMIT} && ulimit -Hn {LIMIT} && exec "$@"', "sh"] + m.args()
+           f'ulimit -Sn {limit} && ulimit -Hn {limit} && exec "$@"', "sh"] + m.args()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     m.stderr = p.stderr
     assert p.returncode == 0, f"kcachefs failed: {p.stderr}"
@@ -27,7 +27,7 @@ def start_limited(m, reopen="handle"):
     pid = m.pid()
     for line in open(f"/proc/{pid}/limits"):
         if line.startswith("Max open files"):
-            assert line.split()[3:5] == [str(LIMIT), str(LIMIT)], line
+            assert line.split()[3:5] == [str(limit), str(limit)], line
     return pid
 
 
