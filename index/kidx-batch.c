@@ -1,8 +1,10 @@
 /* kidx-batch.c: the in-memory batch (mutators) and the queries that must see it.
  *
- * Every mutator takes batch_lock for a few hundred nanoseconds and does no I/O: this is the daemon's hot
- * path. Structural changes become ops (ordered); per-file changes coalesce into one touch per inode, so a
- * file read a thousand times between two flushes costs one UPDATE. */
+ * Every mutator takes batch_lock for a few hundred nanoseconds and does no I/O under it: this is the
+ * daemon's hot path. Structural changes become ops (ordered); per-file changes coalesce into one touch per
+ * inode, so a file read a thousand times between two flushes costs one UPDATE. A mutator that changes a
+ * row's size and finds no size for it in memory reads the committed row first, with batch_lock dropped
+ * (kidx.c, I3). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,19 +78,45 @@ void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns)
         pthread_mutex_unlock(&idx->batch_lock);
 }
 
-/* The bytes of ino's row (I3): *ret, and whether it has one. batch_lock held. */
-static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
+static uintptr_t size_in_memory(kidx *idx, uint64_t ino)
 {
         uintptr_t v = (uintptr_t)kmap_get(&idx->sizes, ino);
-        *ret = v ? (uint64_t)v - 1 : 0;
-        return v != 0;
+        return v ? v : (uintptr_t)kmap_get(&idx->sizes_flushing, ino);
 }
 
-/* batch_lock held. On ENOMEM the row's size stays as it was (the next reconcile repairs it). */
-static void size_set(kidx *idx, uint64_t ino, uint64_t bytes)
+/* The bytes of ino's row as the next flush leaves it (I3): *ret, and whether it has one. batch_lock
+ * held, and dropped meanwhile if the committed row must be read. */
+static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
 {
-        uint64_t old;
-        bool had = size_of(idx, ino, &old);
+        uintptr_t v;
+        while (!(v = size_in_memory(idx, ino))) {
+                uint64_t gen = idx->flush_gen;
+                pthread_mutex_unlock(&idx->batch_lock);
+                pthread_mutex_lock(&idx->rd_lock);
+                sqlite3_stmt *st = idx->rd_size;
+                sqlite3_bind_int64(st, 1, (int64_t)ino);
+                int rc = sqlite3_step(st);
+                uintptr_t db = rc == SQLITE_ROW ? (uintptr_t)sqlite3_column_int64(st, 0) + 1
+                                                : (uintptr_t)KIDX__NO_ROW;
+                sqlite3_reset(st);
+                pthread_mutex_unlock(&idx->rd_lock);
+                if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+                        fprintf(stderr, "kcachefs: index: reading the size of inode %llu: %s\n",
+                                (unsigned long long)ino, sqlite3_errstr(rc));
+                pthread_mutex_lock(&idx->batch_lock);
+                if (gen == idx->flush_gen && !(v = size_in_memory(idx, ino))) {
+                        v = db; /* no flush committed since the read: the row is as read */
+                        break;
+                }
+        }
+        *ret = v != (uintptr_t)KIDX__NO_ROW ? (uint64_t)v - 1 : 0;
+        return v != (uintptr_t)KIDX__NO_ROW;
+}
+
+/* batch_lock held, after size_of() gave ino's old size. On ENOMEM the row's size stays as it was (the
+ * next reconcile repairs it). */
+static void size_set(kidx *idx, uint64_t ino, bool had, uint64_t old, uint64_t bytes)
+{
         if (kmap_put(&idx->sizes, ino, (void *)(uintptr_t)(bytes + 1)) < 0)
                 return;
         idx->stats.used_bytes += bytes - old; /* modular: exact for decreases too */
@@ -104,7 +132,7 @@ void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t new_bytes)
                 struct kidx__touch *t = touch_of(idx, ino);
                 if (t) {
                         t->bytes = (int64_t)new_bytes;
-                        size_set(idx, ino, new_bytes);
+                        size_set(idx, ino, true, old, new_bytes);
                 }
         }
         pthread_mutex_unlock(&idx->batch_lock);
@@ -122,6 +150,8 @@ void kidx_set_pinned(kidx *idx, uint64_t ino, bool pinned)
 void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_t now_ns)
 {
         pthread_mutex_lock(&idx->batch_lock);
+        uint64_t old;
+        bool had = size_of(idx, ino, &old);
         struct kidx__touch *t = touch_of(idx, ino);
         if (t) {
                 memset(t, 0, sizeof(*t));
@@ -132,7 +162,7 @@ void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_
                 t->bytes = (int64_t)bytes;
                 t->uid = uid;
                 t->opens = 1;
-                size_set(idx, ino, bytes); /* INSERT OR REPLACE: a row still held for ino is replaced */
+                size_set(idx, ino, had, old, bytes); /* INSERT OR REPLACE: a row still held for ino is replaced */
         }
         idx->stats.opens++;
         pthread_mutex_unlock(&idx->batch_lock);
@@ -188,14 +218,14 @@ void kidx_del_dent_of(kidx *idx, uint64_t dir, const char *name, uint64_t ino)
  * the bytes the row held. */
 static uint64_t drop_file_locked(kidx *idx, uint64_t ino)
 {
-        free(kmap_del(&idx->touches, ino));
         uint64_t bytes;
-        if (size_of(idx, ino, &bytes)) {
-                kmap_del(&idx->sizes, ino);
+        bool had = size_of(idx, ino, &bytes); /* first: it may drop batch_lock */
+        free(kmap_del(&idx->touches, ino));
+        if (had && kmap_put(&idx->sizes, ino, KIDX__NO_ROW) == 0) {
                 idx->stats.used_bytes -= bytes;
                 idx->stats.files--;
         }
-        return bytes;
+        return had ? bytes : 0;
 }
 
 void kidx_del_file(kidx *idx, uint64_t ino)

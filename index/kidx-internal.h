@@ -51,8 +51,11 @@ struct kidx {
         struct kidx__op *ops;           /* batch_lock */
         size_t nops, cap_ops;           /* batch_lock */
         struct kidx_stats stats;        /* counters; batch_lock (flushes: db_lock) */
-        kmap sizes;                     /* ino -> bytes + 1 of every row, pending batch included (I3);
-                                           batch_lock */
+        kmap sizes;                     /* ino -> row size of every row the pending batch changes (I3):
+                                           bytes + 1, or KIDX__NO_ROW; batch_lock */
+        kmap sizes_flushing;            /* the same for the batch a flush is committing; batch_lock */
+        uint64_t flush_gen;             /* bumped when a flush's rows are committed; batch_lock */
+        sqlite3_stmt *rd_size;          /* on rd; rd_lock */
 
         pthread_t writer;
         bool writer_running;
@@ -75,6 +78,9 @@ int kidx__exec(sqlite3 *db, const char *sql);
 int kidx__set_meta(kidx *idx, const char *k, int64_t v);
 /* Reconcile the index with the backing tree (see kidx.h). Runs inside its own transaction. */
 int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progress);
-/* Loads sizes, used_bytes and files from the files table (db_lock held: nothing flushes meanwhile), and
- * applies the pending batch on top, as the next flush will. */
+/* A row size in sizes or sizes_flushing: the row goes (deleted or evicted). */
+#define KIDX__NO_ROW ((void *)UINTPTR_MAX)
+
+/* Counts used_bytes and files from the files table (db_lock held: nothing flushes meanwhile), and
+ * rebuilds sizes from the pending batch, as the next flush will apply it. */
 int kidx__load_sizes(kidx *idx);

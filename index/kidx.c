@@ -5,12 +5,16 @@
  *      open, the tree may differ from the rows, so kidx_open() reconciles (kidx-rebuild.c).
  *  I2. meta.root_ino is the backing root's inode number; a different root means the rows describe
  *      another tree, so they are discarded and rebuilt.
- *  I3. sizes holds every row's bytes as the next flush will leave it, and stats.used_bytes and
- *      stats.files are its sum and count, always: a mutator changes a size only through sizes, and one
- *      for an inode without a row changes nothing (an unlinked or evicted file, which callers may still
- *      measure). Loaded at open and after a reconcile (kidx__load_sizes); never needs the database on
- *      the hot path. So the total cannot drift from the rows, whatever order the daemon's threads tell
- *      it things in.
+ *  I3. stats.used_bytes and stats.files are the sum and count of the rows as the next flush will leave
+ *      them, always. A mutator changes a row's size only knowing the size it replaces: the size the
+ *      pending batch gave the row (sizes), else the one the flush in progress gives it (sizes_flushing),
+ *      else the committed row (read from the database, outside batch_lock; flush_gen tells whether a
+ *      flush committed meanwhile, and then it asks again). A mutator for an inode without a row changes
+ *      nothing (an unlinked or evicted file, which callers may still measure). The totals are counted
+ *      at open and after a reconcile (kidx__load_sizes), by the same scan that proves the table
+ *      readable. So the total cannot drift from the rows, whatever order the daemon's threads tell it
+ *      things in, and memory holds only the rows changed since the last flush (a whole table of sizes
+ *      was 32 MiB and 0.2 s at mount for a million files).
  *  I4. A flush applies ops in the order they were made, then the touches (a touch never precedes the
  *      op that created its row, because kidx_del_file drops the touch of a reused inode).
  *  I5. The WAL stays small: see WAL checkpoints, below.
@@ -203,76 +207,94 @@ static int open_checked(kidx *idx, bool *ret_new)
         if (ver != KIDX_SCHEMA_VERSION)
                 return -EPROTO;
         *ret_new = false;
-        /* Reading the whole files table both loads the sizes (I3) and proves the b-tree readable. */
-        rc = sqlite3_prepare_v2(idx->db, "SELECT max(seq) FROM files", -1, &st, NULL);
+        /* One scan of the whole files table proves the b-tree readable and counts the totals (I3). */
+        rc = sqlite3_prepare_v2(idx->db, "SELECT max(seq), count(*), coalesce(sum(bytes), 0) FROM files", -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return kidx__errno(rc);
         rc = sqlite3_step(st);
-        if (rc == SQLITE_ROW)
+        if (rc == SQLITE_ROW) {
                 idx->stats.seq = (uint64_t)sqlite3_column_int64(st, 0);
+                idx->stats.files = (uint64_t)sqlite3_column_int64(st, 1);
+                idx->stats.used_bytes = (uint64_t)sqlite3_column_int64(st, 2);
+        }
         sqlite3_finalize(st);
-        if (rc != SQLITE_ROW)
-                return kidx__errno(rc) ?: -EIO;
-        return kidx__load_sizes(idx);
+        return rc == SQLITE_ROW ? 0 : kidx__errno(rc) ?: -EIO;
+}
+
+/* The bytes of ino's committed row, read on the write connection (db_lock held): bytes + 1, or
+ * KIDX__NO_ROW. */
+static uintptr_t db_row_size(sqlite3_stmt *st, uint64_t ino)
+{
+        sqlite3_bind_int64(st, 1, (int64_t)ino);
+        uintptr_t v = (uintptr_t)KIDX__NO_ROW;
+        if (sqlite3_step(st) == SQLITE_ROW)
+                v = (uintptr_t)sqlite3_column_int64(st, 0) + 1;
+        sqlite3_reset(st);
+        return v;
 }
 
 int kidx__load_sizes(kidx *idx)
 {
-        sqlite3_stmt *st;
-        kmap sizes;
-        kmap_init(&sizes);
-        int rc = sqlite3_prepare_v2(idx->db, "SELECT count(*) FROM files", -1, &st, NULL);
+        sqlite3_stmt *st, *one;
+        int rc = sqlite3_prepare_v2(idx->db, "SELECT count(*), coalesce(sum(bytes), 0) FROM files", -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return kidx__errno(rc);
-        if (sqlite3_step(st) == SQLITE_ROW) /* one table of the right size, not a series of doublings */
-                (void)kmap_reserve(&sizes, (size_t)sqlite3_column_int64(st, 0));
+        rc = sqlite3_step(st);
+        uint64_t files = 0, used = 0;
+        if (rc == SQLITE_ROW) {
+                files = (uint64_t)sqlite3_column_int64(st, 0);
+                used = (uint64_t)sqlite3_column_int64(st, 1);
+        }
         sqlite3_finalize(st);
-        rc = sqlite3_prepare_v2(idx->db, "SELECT ino, bytes FROM files", -1, &st, NULL);
-        if (rc != SQLITE_OK) {
-                kmap_free(&sizes);
+        if (rc != SQLITE_ROW)
+                return kidx__errno(rc) ?: -EIO;
+        rc = sqlite3_prepare_v2(idx->db, "SELECT bytes FROM files WHERE ino = ?1", -1, &one, NULL);
+        if (rc != SQLITE_OK)
                 return kidx__errno(rc);
-        }
-        uint64_t used = 0;
+
+        kmap sizes;
+        kmap_init(&sizes);
         int r = 0;
-        while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
-                uint64_t b = (uint64_t)sqlite3_column_int64(st, 1);
-                r = kmap_put(&sizes, (uint64_t)sqlite3_column_int64(st, 0), (void *)(uintptr_t)(b + 1));
-                used += b;
-        }
-        sqlite3_finalize(st);
-        if (r == 0 && rc != SQLITE_DONE)
-                r = kidx__errno(rc) ?: -EIO;
-        if (r < 0) {
-                kmap_free(&sizes);
-                return r;
-        }
         pthread_mutex_lock(&idx->batch_lock);
-        /* What the next flush does to these rows: the ops first (I4), then the touches. */
-        for (size_t i = 0; i < idx->nops; i++) {
+        /* What the next flush does to the rows: the ops first (I4), then the touches. */
+        for (size_t i = 0; r == 0 && i < idx->nops; i++) {
                 const struct kidx__op *op = &idx->ops[i];
-                uintptr_t v;
-                if ((op->kind == OP_DEL_FILE || op->kind == OP_EVICTED) && (v = (uintptr_t)kmap_del(&sizes, op->a)))
-                        used -= (uint64_t)v - 1;
+                if (op->kind == OP_DEL_FILE || op->kind == OP_EVICTED)
+                        r = kmap_put(&sizes, op->a, KIDX__NO_ROW);
         }
         uint64_t k;
         void *tv;
         for (size_t pos = 0; r == 0 && kmap_next(&idx->touches, &pos, &k, &tv);) {
                 const struct kidx__touch *t = tv;
                 uintptr_t v = (uintptr_t)kmap_get(&sizes, k);
-                if (t->bytes < 0 || (!v && !t->added))
+                if (!v)
+                        v = db_row_size(one, k);
+                if (t->bytes < 0 || (v == (uintptr_t)KIDX__NO_ROW && !t->added))
                         continue;
-                used += (uint64_t)t->bytes - (v ? (uint64_t)v - 1 : 0);
                 r = kmap_put(&sizes, k, (void *)(uintptr_t)(t->bytes + 1));
+        }
+        /* The totals of the rows as the flush will leave them. */
+        for (size_t pos = 0; r == 0 && kmap_next(&sizes, &pos, &k, &tv);) {
+                uintptr_t now = (uintptr_t)tv, was = db_row_size(one, k);
+                if (was != (uintptr_t)KIDX__NO_ROW) {
+                        used -= (uint64_t)was - 1;
+                        files--;
+                }
+                if (now != (uintptr_t)KIDX__NO_ROW) {
+                        used += (uint64_t)now - 1;
+                        files++;
+                }
         }
         if (r == 0) {
                 kmap_free(&idx->sizes);
                 idx->sizes = sizes;
                 idx->stats.used_bytes = used;
-                idx->stats.files = sizes.count;
+                idx->stats.files = files;
         } else {
                 kmap_free(&sizes);
         }
         pthread_mutex_unlock(&idx->batch_lock);
+        sqlite3_finalize(one);
         return r;
 }
 
@@ -289,6 +311,10 @@ static int prepare_all(kidx *idx)
         int rc = sqlite3_prepare_v3(idx->rd, "SELECT bytes, seq, atime_ns, opens, bytes_read, pinned, uid"
                                     " FROM files WHERE ino = ?1", -1, SQLITE_PREPARE_PERSISTENT,
                                     &idx->rd_get, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        rc = sqlite3_prepare_v3(idx->rd, "SELECT bytes FROM files WHERE ino = ?1", -1, SQLITE_PREPARE_PERSISTENT,
+                                &idx->rd_size, NULL);
         return kidx__errno(rc);
 }
 
@@ -300,6 +326,8 @@ static void close_conns(kidx *idx)
         }
         sqlite3_finalize(idx->rd_get);
         idx->rd_get = NULL;
+        sqlite3_finalize(idx->rd_size);
+        idx->rd_size = NULL;
         sqlite3_close(idx->rd);
         idx->rd = NULL;
         sqlite3_close(idx->db);
@@ -329,6 +357,7 @@ int kidx_open(const struct kidx_open_opts *opts, kidx **ret, enum kidx_rebuild_r
         pthread_cond_init(&idx->writer_cond, NULL);
         kmap_init(&idx->touches);
         kmap_init(&idx->sizes);
+        kmap_init(&idx->sizes_flushing);
         idx->db_path = strdup(opts->db_path);
         if (!idx->db_path) {
                 kidx_close(idx, false);
@@ -556,6 +585,9 @@ int kidx_flush(kidx *idx)
         idx->ops = NULL;
         idx->nops = idx->cap_ops = 0;
         kmap_init(&idx->touches);
+        /* Until the commit, the sizes this batch gives its rows are read from here (I3). */
+        idx->sizes_flushing = idx->sizes;
+        kmap_init(&idx->sizes);
         pthread_mutex_unlock(&idx->batch_lock);
 
         int r = 0;
@@ -592,12 +624,24 @@ int kidx_flush(kidx *idx)
                 /* The batch is lost; the index stays marked dirty (I1), so the next mount reconciles. */
                 kidx__exec(idx->db, "ROLLBACK");
                 fprintf(stderr, "kcachefs: index: flush failed: %s\n", strerror(-r));
-        } else {
-                pthread_mutex_lock(&idx->batch_lock);
-                idx->stats.flushes++;
-                pthread_mutex_unlock(&idx->batch_lock);
         }
 out:
+        pthread_mutex_lock(&idx->batch_lock);
+        if (r == 0) {
+                idx->stats.flushes++;
+        } else {
+                /* The rows stay as they were, but the totals count the lost batch: keep the sizes it gave
+                 * (those of a later batch win), so that the totals stay the sum of the sizes known. */
+                uint64_t ino;
+                void *size;
+                for (size_t pos = 0; kmap_next(&idx->sizes_flushing, &pos, &ino, &size);)
+                        if (!kmap_get(&idx->sizes, ino))
+                                (void)kmap_put(&idx->sizes, ino, size);
+        }
+        kmap_free(&idx->sizes_flushing);
+        kmap_init(&idx->sizes_flushing);
+        idx->flush_gen++;
+        pthread_mutex_unlock(&idx->batch_lock);
         pthread_mutex_unlock(&idx->db_lock);
         free_batch(ops, nops, &touches);
         return r;
@@ -758,6 +802,7 @@ void kidx_close(kidx *idx, bool clean)
         close_conns(idx);
         free_batch(idx->ops, idx->nops, &idx->touches);
         kmap_free(&idx->sizes);
+        kmap_free(&idx->sizes_flushing);
         pthread_mutex_destroy(&idx->db_lock);
         pthread_mutex_destroy(&idx->rd_lock);
         pthread_mutex_destroy(&idx->batch_lock);

@@ -1,0 +1,133 @@
+/* test-index-totals: the index's in-memory totals (used bytes, files) stay the sum and count of its rows
+ * (kidx I3) while mutators on several threads race flushes that commit their batches. The rows are read
+ * with a connection of the test's own after every round, so the check does not trust the index's code. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sqlite3.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../../index/kidx.h"
+#include "tutil.h"
+
+#define THREADS 4
+#define INOS 64 /* few, so that threads meet on the same rows */
+
+struct mutator {
+        kidx *idx;
+        unsigned seed;
+        int ops;
+};
+
+static void *mutate(void *arg)
+{
+        struct mutator *m = arg;
+        for (int i = 0; i < m->ops; i++) {
+                uint64_t ino = 1000 + (uint64_t)(rand_r(&m->seed) % INOS);
+                uint64_t bytes = (uint64_t)(rand_r(&m->seed) % 64) * 4096;
+                switch (rand_r(&m->seed) % 6) {
+                case 0:
+                        kidx_add_file(m->idx, ino, bytes, 0, i);
+                        break;
+                case 1:
+                case 2:
+                        kidx_set_bytes(m->idx, ino, bytes);
+                        break;
+                case 3:
+                        kidx_del_file(m->idx, ino);
+                        break;
+                case 4:
+                        (void)kidx_evicted(m->idx, ino, "f", i);
+                        break;
+                default:
+                        (void)kidx_touch(m->idx, ino, i, 1, bytes);
+                        break;
+                }
+        }
+        return NULL;
+}
+
+static atomic_bool flushing_stop;
+
+static void *flush_loop(void *arg)
+{
+        kidx *idx = arg;
+        while (!atomic_load(&flushing_stop))
+                kidx_flush(idx);
+        return NULL;
+}
+
+/* The rows' count and sum, read by a connection of our own. */
+static void rows(const char *db, uint64_t *files, uint64_t *bytes)
+{
+        sqlite3 *c;
+        sqlite3_stmt *st;
+        CHECK_EQ(sqlite3_open_v2(db, &c, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+        CHECK_EQ(sqlite3_prepare_v2(c, "SELECT count(*), coalesce(sum(bytes), 0) FROM files", -1, &st, NULL),
+                 SQLITE_OK);
+        CHECK_EQ(sqlite3_step(st), SQLITE_ROW);
+        *files = (uint64_t)sqlite3_column_int64(st, 0);
+        *bytes = (uint64_t)sqlite3_column_int64(st, 1);
+        sqlite3_finalize(st);
+        sqlite3_close(c);
+}
+
+static void check_totals(kidx *idx, const char *db, int round)
+{
+        kidx_flush(idx);
+        struct kidx_stats s;
+        kidx_get_stats(idx, &s);
+        uint64_t files, bytes;
+        rows(db, &files, &bytes);
+        if (s.files != files || s.used_bytes != bytes)
+                fprintf(stderr, "round %d: in memory %llu files, %llu bytes; rows %llu, %llu\n", round,
+                        (unsigned long long)s.files, (unsigned long long)s.used_bytes,
+                        (unsigned long long)files, (unsigned long long)bytes);
+        CHECK_EQ(s.files, files);
+        CHECK_EQ(s.used_bytes, bytes);
+}
+
+int main(void)
+{
+        char *tmp = tutil_tmpdir();
+        char db[4096];
+        snprintf(db, sizeof(db), "%s/totals.db", tmp);
+        int bfd = open(tmp, O_RDONLY | O_DIRECTORY);
+        struct kidx_open_opts o = { .db_path = db, .backing_fd = bfd };
+        kidx *idx = NULL;
+        CHECK_EQ(kidx_open(&o, &idx, NULL), 0);
+
+        for (int round = 0; round < 40; round++) {
+                pthread_t fl, th[THREADS];
+                struct mutator m[THREADS];
+                atomic_store(&flushing_stop, false);
+                pthread_create(&fl, NULL, flush_loop, idx);
+                for (int t = 0; t < THREADS; t++) {
+                        m[t] = (struct mutator){ idx, (unsigned)(round * THREADS + t + 1), 2000 };
+                        pthread_create(&th[t], NULL, mutate, &m[t]);
+                }
+                for (int t = 0; t < THREADS; t++)
+                        pthread_join(th[t], NULL);
+                atomic_store(&flushing_stop, true);
+                pthread_join(fl, NULL);
+                check_totals(idx, db, round);
+        }
+
+        /* A clean close and open count the same totals from the rows alone. */
+        struct kidx_stats before, after;
+        kidx_get_stats(idx, &before);
+        kidx_close(idx, true);
+        CHECK_EQ(kidx_open(&o, &idx, NULL), 0);
+        kidx_get_stats(idx, &after);
+        CHECK_EQ(after.files, before.files);
+        CHECK_EQ(after.used_bytes, before.used_bytes);
+        kidx_close(idx, true);
+
+        close(bfd);
+        tutil_rmrf(tmp);
+        free(tmp);
+        return tutil_done("test-index-totals");
+}
