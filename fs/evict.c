@@ -118,6 +118,7 @@
 #include <string.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -156,6 +157,8 @@ struct victims {
         struct vunit *u;
         size_t nu;
         uint64_t bytes;
+        char **emptied;  /* directories that lost a file, each once, pruned after the batch */
+        size_t nemptied;
 };
 
 /* A bookkeeping repair still to do (the runtime held its lock last time). */
@@ -245,6 +248,9 @@ static void free_victims(struct victims *vs)
                 free_names(vs->v[i].names, vs->v[i].nnames);
         for (size_t i = 0; i < vs->nu; i++)
                 free(vs->u[i].repair);
+        for (size_t i = 0; i < vs->nemptied; i++)
+                free(vs->emptied[i]);
+        free(vs->emptied);
         free(vs->v);
         free(vs->u);
         memset(vs, 0, sizeof(*vs));
@@ -690,13 +696,39 @@ static void prune_later(struct kfs *fs, const char *rel, int64_t due)
 
 /* evict_lock held. Removes the directory rel if it is empty and not named within DIR_GRACE, then each
  * directory above it that this empties, up to the runtime's root (EMPTIED DIRECTORIES). */
+/* Whether the directory open for reading at fd holds anything but . and .. (true on an error: a
+ * directory that cannot be read is not removed). fd's offset moves; the caller closes it. */
+static bool dir_has_entries(int fd)
+{
+        char buf[512];
+        for (;;) {
+                long n = syscall(SYS_getdents64, fd, buf, sizeof(buf));
+                if (n <= 0)
+                        return n < 0;
+                for (long off = 0; off < n;) {
+                        const struct dirent64 *d = (const struct dirent64 *)(buf + off);
+                        if (strcmp(d->d_name, ".") && strcmp(d->d_name, ".."))
+                                return true;
+                        off += d->d_reclen;
+                }
+        }
+}
+
 static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *nl)
 {
         char rel[PATH_MAX];
         if (snprintf(rel, sizeof(rel), "%s", dir_rel) >= (int)sizeof(rel))
                 return;
         while (!dir_kept(fs, rel)) {
-                int fd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                /* Most directories that lose a file keep others: a read of their first entries says so
+                 * without a lock or a path walk to the parent. */
+                int fd = openat(fs->root_fd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (fd >= 0 && dir_has_entries(fd)) {
+                        close(fd);
+                        return;
+                }
+                if (fd < 0)
+                        fd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
                 struct stat st, ps;
                 if (fd < 0 || fstat(fd, &st) < 0) {
                         if (fd >= 0)
@@ -787,6 +819,32 @@ static void prune_due(struct kfs *fs, struct notify_list *nl)
  * program sharing the cache); the descent and an operator's eviction run at any moment, so they take the
  * lock themselves, without waiting: a unit whose lock is held stays for now. Returns the locked fd, -1
  * if there is no lock to take, -EWOULDBLOCK if it is held. */
+/* The directory of path (relative to the backing root) lost a file: it is looked at once after the
+ * batch (prune_emptied), however many of its files went. */
+static void note_emptied(struct victims *vs, const char *path)
+{
+        const char *slash = strrchr(path, '/');
+        if (!slash)
+                return;
+        size_t len = (size_t)(slash - path);
+        for (size_t i = vs->nemptied; i-- > 0;)
+                if (!strncmp(vs->emptied[i], path, len) && !vs->emptied[i][len])
+                        return;
+        char **n = realloc(vs->emptied, (vs->nemptied + 1) * sizeof(*n));
+        if (!n)
+                return;
+        vs->emptied = n;
+        if ((n[vs->nemptied] = strndup(path, len)))
+                vs->nemptied++;
+}
+
+/* evict_lock held. */
+static void prune_emptied(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < vs->nemptied; i++)
+                prune_dir(fs, vs->emptied[i], nl);
+}
+
 static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u)
 {
         if (u->rt != KFS_RT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
@@ -885,16 +943,9 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                         continue;
                 }
                 freed += kidx_evicted(fs->idx, v->ino, v->names[0].path ? v->names[0].path : v->names[0].name, now);
-                for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) { /* (EMPTIED DIRECTORIES) */
-                        char dir[PATH_MAX];
-                        char *slash;
-                        if (v->names[i].removed && v->names[i].path &&
-                            snprintf(dir, sizeof(dir), "%s", v->names[i].path) < (int)sizeof(dir) &&
-                            (slash = strrchr(dir, '/'))) {
-                                *slash = '\0';
-                                prune_dir(fs, dir, nl);
-                        }
-                }
+                for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
+                        if (v->names[i].removed && v->names[i].path)
+                                note_emptied(vs, v->names[i].path);
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
                 struct victim *v = &vs->v[u->first + k];
@@ -1240,6 +1291,7 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         }
         if (freed >= 0)
                 repair_all(fs, &vs, nl);
+        prune_emptied(fs, &vs, nl);
         prune_due(fs, nl);
         free_victims(&vs);
         dircache_free(&dc);
@@ -1650,6 +1702,7 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
         if (r == 0) {
                 r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl, false) || vs.bytes == 0 ? 0 : -EBUSY;
                 repair_all(fs, &vs, &nl);
+                prune_emptied(fs, &vs, &nl);
         }
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);

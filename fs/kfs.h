@@ -246,7 +246,7 @@ struct kfs {
         struct {                    /* closes evicted files' last fds, which frees their blocks (reap.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;    /* fds queued, or the queue drained */
-                int *fds;               /* lock */
+                struct kfs_reap_item { int fd; uint64_t bytes; } *q; /* lock */
                 size_t n, cap;          /* lock */
                 uint64_t bytes;         /* the files queued or being closed hold this much; lock */
                 size_t held;            /* fds queued or being closed; lock */

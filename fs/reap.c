@@ -24,6 +24,11 @@
 
 #include "kfs.h"
 
+/* Closes in steps of REAP_STEP, giving back each step's bytes and descriptors as it goes, so that a
+ * queue being closed takes new files as soon as it has room (an evicting request closes its victims
+ * itself only while the queue is full). */
+#define REAP_STEP 32
+
 static void *reaper_main(void *arg)
 {
         struct kfs *fs = arg;
@@ -33,20 +38,25 @@ static void *reaper_main(void *arg)
                         pthread_cond_wait(&fs->reap.cond, &fs->reap.lock);
                 if (fs->reap.n == 0)
                         break; /* stopping, and nothing is left */
-                int *fds = fs->reap.fds;
+                struct kfs_reap_item *q = fs->reap.q;
                 size_t n = fs->reap.n;
-                uint64_t bytes = fs->reap.bytes; /* all queued: the last batch was subtracted */
-                size_t held = fs->reap.held;
-                fs->reap.fds = NULL;
+                fs->reap.q = NULL;
                 fs->reap.n = fs->reap.cap = 0;
                 fs->reap.busy = true;
-                pthread_mutex_unlock(&fs->reap.lock);
-                for (size_t i = 0; i < n; i++)
-                        close(fds[i]);
-                free(fds);
-                pthread_mutex_lock(&fs->reap.lock);
-                fs->reap.bytes -= bytes;
-                fs->reap.held -= held;
+                for (size_t i = 0; i < n;) {
+                        pthread_mutex_unlock(&fs->reap.lock);
+                        size_t end = i + REAP_STEP < n ? i + REAP_STEP : n;
+                        uint64_t bytes = 0;
+                        for (size_t k = i; k < end; k++) {
+                                close(q[k].fd);
+                                bytes += q[k].bytes;
+                        }
+                        pthread_mutex_lock(&fs->reap.lock);
+                        fs->reap.bytes -= bytes;
+                        fs->reap.held -= end - i;
+                        i = end;
+                }
+                free(q);
                 fs->reap.busy = false;
                 pthread_cond_broadcast(&fs->reap.cond);
         }
@@ -78,14 +88,14 @@ void kfs_reap(struct kfs *fs, int fd, uint64_t bytes)
         if (fs->reap.started && !fs->reap.stop) {
                 if (fs->reap.n == fs->reap.cap) {
                         size_t cap = fs->reap.cap ? fs->reap.cap * 2 : 256;
-                        int *n = realloc(fs->reap.fds, cap * sizeof(*n));
+                        struct kfs_reap_item *n = realloc(fs->reap.q, cap * sizeof(*n));
                         if (n) {
-                                fs->reap.fds = n;
+                                fs->reap.q = n;
                                 fs->reap.cap = cap;
                         }
                 }
                 if (fs->reap.n < fs->reap.cap) {
-                        fs->reap.fds[fs->reap.n++] = fd;
+                        fs->reap.q[fs->reap.n++] = (struct kfs_reap_item){ fd, bytes };
                         fs->reap.bytes += bytes;
                         fs->reap.held++;
                         queued = true;
@@ -115,6 +125,6 @@ void kfs_reap_stop(struct kfs *fs)
         if (started)
                 pthread_join(fs->reap.thread, NULL); /* after it has closed everything queued */
         fs->reap.started = false;
-        free(fs->reap.fds);
-        fs->reap.fds = NULL;
+        free(fs->reap.q);
+        fs->reap.q = NULL;
 }
