@@ -191,3 +191,27 @@ def test_an_index_of_the_previous_schema_is_upgraded_in_place(kfs):
     assert db.execute("SELECT count(*) FROM evict_intents").fetchone()[0] == 0
     assert dict(db.execute("SELECT ino, seq FROM files").fetchall()) == seqs
     db.close()
+
+
+def test_the_man_pages_document_every_option_and_verb_the_programs_take():
+    """kcachefs --help's -o options are each an entry of kcachefs(8), and kcache --help's verbs each one
+    of kcache(1), and the other way round: a new option or verb without its documentation fails here."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    helptext = subprocess.run([kcachefs_bin(), "--help"], capture_output=True, text=True).stdout
+    ours = helptext.split("kcachefs options:")[1].split("FUSE options:")[0]  # not libfuse's own
+    opts = set(re.findall(r"^\s+-o ([a-z_]+)", ours, re.M))
+    assert {"max_size", "grace_ms", "tmp_age", "layout", "inode_fds"} <= opts, opts
+    page = open(os.path.join(root, "man", "kcachefs.8")).read()
+    entries = set(re.findall(r"^\.(?:BI|BR|B) ([a-z_]+)", page.split(".SH OPTIONS")[1].split(".SH ")[0], re.M))
+    assert opts - entries == set(), f"options of --help missing from kcachefs(8): {opts - entries}"
+    assert {e for e in entries if e not in ("allow_other",)} - opts == set(), \
+        f"kcachefs(8) documents options --help lacks: {entries - opts}"
+    kc = os.path.join(os.environ.get("KCACHE_BUILD", os.path.join(root, "build")), "kcache")
+    helptext = subprocess.run([kc, "--help"], capture_output=True, text=True).stdout
+    verbs = set(re.findall(r"^  ([a-z]+) ", helptext, re.M)) | set(re.findall(r"\| ([a-z]+) ", helptext))
+    page = open(os.path.join(root, "man", "kcache.1")).read()
+    documented = set()  # the tagged paragraphs of DESCRIPTION: .TP, then .B verb or .BR verb ", " verb
+    for line in re.findall(r"^\.TP\n\.BR? (.*)$", page.split(".SH DESCRIPTION")[1].split(".SH ")[0], re.M):
+        documented |= set(re.findall(r"[a-z]+", line))
+    assert verbs == documented, (verbs, documented)
