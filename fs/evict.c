@@ -142,6 +142,8 @@ struct victim {
         int hold;     /* O_PATH fd kept on the removed inode until the index has been told (INODE REUSE) */
         bool lives;   /* names were removed, but the file has another the index did not know of when it
                        * was chosen (a link made since): it stays, counted, with its other names */
+        bool has_row; /* chosen from row, the index's LRU order (kidx_evicted_row) */
+        struct kidx_lru_row row;
 };
 
 /* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
@@ -461,7 +463,7 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                         pthread_mutex_unlock(&fs->itable_lock);
                         if (open)
                                 continue;
-                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes, .hold = -1 };
+                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes, .hold = -1, .has_row = true, .row = rows[i] };
                         r = load_candidate(fs, dc, &v);
                         const char *path = v.nnames ? v.names[0].path : NULL;
                         struct kfs_unit u = { 0 };
@@ -813,12 +815,6 @@ static void prune_due(struct kfs *fs, struct notify_list *nl)
         free(due);
 }
 
-/* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
- * a removal in between makes the read fail (FileNotFoundError). A write that evicts in line runs inside
- * a store, which JAX makes under that lock, so no JAX read is in between (unless the writer is another
- * program sharing the cache); the descent and an operator's eviction run at any moment, so they take the
- * lock themselves, without waiting: a unit whose lock is held stays for now. Returns the locked fd, -1
- * if there is no lock to take, -EWOULDBLOCK if it is held. */
 /* The directory of path (relative to the backing root) lost a file: it is looked at once after the
  * batch (prune_emptied), however many of its files went. */
 static void note_emptied(struct victims *vs, const char *path)
@@ -838,13 +834,79 @@ static void note_emptied(struct victims *vs, const char *path)
                 vs->nemptied++;
 }
 
-/* evict_lock held. */
-static void prune_emptied(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+static void prune_lost(struct kfs *fs, struct notify_list *nl);
+
+/* evict_lock held. After an eviction inside a write: the directories it emptied are looked at by the
+ * descent thread, not by the write (one read each, a thousand for a large write). */
+static void prune_lost_soon(struct kfs *fs, struct notify_list *nl)
 {
-        for (size_t i = 0; i < vs->nemptied; i++)
-                prune_dir(fs, vs->emptied[i], nl);
+        if (!fs->prune.nlost)
+                return;
+        int64_t now = kfs_now_ns(), next = atomic_load(&fs->prune.next);
+        pthread_mutex_lock(&fs->space_lock);
+        bool thread = descent_started_locked(fs);
+        if (thread) {
+                if (!next || next > now)
+                        atomic_store(&fs->prune.next, now);
+                pthread_cond_signal(&fs->descent.cond);
+        }
+        pthread_mutex_unlock(&fs->space_lock);
+        if (!thread)
+                prune_lost(fs, nl);
 }
 
+static uint64_t path_hash(const char *p)
+{
+        uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+        for (; *p; p++)
+                h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+        return h ? h : 1;
+}
+
+/* evict_lock held. Looks at the directories that lost files, then forgets them. */
+static void prune_lost(struct kfs *fs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < fs->prune.nlost; i++) {
+                prune_dir(fs, fs->prune.lost[i], nl);
+                free(fs->prune.lost[i]);
+        }
+        fs->prune.nlost = 0;
+        kmap_free(&fs->prune.lost_at);
+        kmap_init(&fs->prune.lost_at);
+}
+
+/* evict_lock held. The batch's directories that lost files join those of the eviction it is part of,
+ * each once: a descent of 12,000 victims in 1,000 directories looks at 1,000, when it ends (or every
+ * PRUNE_LOST_MAX of them). A directory that still holds a file costs one read of its first entries. */
+#define PRUNE_LOST_MAX 1024
+static void prune_emptied(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < vs->nemptied; i++) {
+                uint64_t h = path_hash(vs->emptied[i]);
+                uintptr_t at = (uintptr_t)kmap_get(&fs->prune.lost_at, h);
+                if (at && !strcmp(fs->prune.lost[at - 1], vs->emptied[i]))
+                        continue;
+                char **n = realloc(fs->prune.lost, (fs->prune.nlost + 1) * sizeof(*n));
+                if (!n) {
+                        prune_dir(fs, vs->emptied[i], nl); /* now, then */
+                        continue;
+                }
+                fs->prune.lost = n;
+                n[fs->prune.nlost++] = vs->emptied[i];
+                vs->emptied[i] = NULL; /* now fs's */
+                if (!at)
+                        (void)kmap_put(&fs->prune.lost_at, h, (void *)(uintptr_t)fs->prune.nlost);
+        }
+        if (fs->prune.nlost >= PRUNE_LOST_MAX)
+                prune_lost(fs, nl);
+}
+
+/* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
+ * a removal in between makes the read fail (FileNotFoundError). A write that evicts in line runs inside
+ * a store, which JAX makes under that lock, so no JAX read is in between (unless the writer is another
+ * program sharing the cache); the descent and an operator's eviction run at any moment, so they take the
+ * lock themselves, without waiting: a unit whose lock is held stays for now. Returns the locked fd, -1
+ * if there is no lock to take, -EWOULDBLOCK if it is held. */
 static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u)
 {
         if (u->rt != KFS_RT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
@@ -942,7 +1004,8 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                                         kidx_del_dent_of(fs->idx, v->names[i].dir, v->names[i].name, v->ino);
                         continue;
                 }
-                freed += kidx_evicted(fs->idx, v->ino, v->names[0].path ? v->names[0].path : v->names[0].name, now);
+                const char *path = v->names[0].path ? v->names[0].path : v->names[0].name;
+                freed += v->has_row ? kidx_evicted_row(fs->idx, &v->row, path, now) : kidx_evicted(fs->idx, v->ino, path, now);
                 for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
                         if (v->names[i].removed && v->names[i].path)
                                 note_emptied(vs, v->names[i].path);
@@ -1313,6 +1376,9 @@ static int64_t evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, 
                 int64_t freed = used > target && !fs->evict_stop
                                         ? evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false, in_line)
                                         : 0;
+                bool done = freed <= 0;
+                if (done)
+                        prune_lost(fs, &nl); /* (EMPTIED DIRECTORIES) */
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -1441,6 +1507,7 @@ int kfs_space_reserve(struct kfs *fs, uint64_t bytes)
                 pthread_mutex_unlock(&fs->space_lock);
                 evicted = r == 0;
         }
+        prune_lost_soon(fs, &nl); /* (EMPTIED DIRECTORIES) */
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);
 
@@ -1547,8 +1614,10 @@ static void *descent_main(void *arg)
                                 pthread_mutex_unlock(&fs->space_lock);
                                 struct notify_list nl = { 0 };
                                 pthread_mutex_lock(&fs->evict_lock);
-                                if (!fs->evict_stop)
+                                if (!fs->evict_stop) {
                                         prune_due(fs, &nl);
+                                        prune_lost(fs, &nl);
+                                }
                                 pthread_mutex_unlock(&fs->evict_lock);
                                 notify_all(fs, &nl);
                                 pthread_mutex_lock(&fs->space_lock);
@@ -1648,6 +1717,7 @@ int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns)
                 uint64_t c = cursor;
                 pthread_mutex_lock(&fs->evict_lock);
                 int64_t freed = evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false, false); /* an operator's */
+                prune_lost(fs, &nl);
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
                 if (freed < 0)
@@ -1703,6 +1773,7 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl, false) || vs.bytes == 0 ? 0 : -EBUSY;
                 repair_all(fs, &vs, &nl);
                 prune_emptied(fs, &vs, &nl);
+                prune_lost(fs, &nl);
         }
         pthread_mutex_unlock(&fs->evict_lock);
         notify_all(fs, &nl);
@@ -1733,6 +1804,12 @@ void kfs_evict_free(struct kfs *fs)
         fs->prune.rel = NULL;
         fs->prune.due = NULL;
         fs->prune.n = 0;
+        for (size_t i = 0; i < fs->prune.nlost; i++)
+                free(fs->prune.lost[i]);
+        free(fs->prune.lost);
+        fs->prune.lost = NULL;
+        fs->prune.nlost = 0;
+        kmap_free(&fs->prune.lost_at);
         for (size_t k = 0; k < fs->nrepairs; k++)
                 free(fs->repairs[k].dir);
         free(fs->repairs);

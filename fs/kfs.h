@@ -233,6 +233,10 @@ struct kfs {
                 int64_t *due;           /* not before this (ns); evict_lock */
                 size_t n;               /* evict_lock */
                 _Atomic int64_t next;   /* the earliest due, 0: none; the descent wakes for it */
+                char **lost;            /* directories that lost files in this eviction, each once, looked
+                                         * at when it ends; evict_lock */
+                size_t nlost;           /* evict_lock */
+                kmap lost_at;           /* hash of a path in lost -> its index + 1; evict_lock */
         } prune;
         struct {                    /* written files, measured again after writeback (settle.c) */
                 pthread_mutex_t lock;

@@ -85,12 +85,17 @@ static uintptr_t size_in_memory(kidx *idx, uint64_t ino)
 }
 
 /* The bytes of ino's row as the next flush leaves it (I3): *ret, and whether it has one. batch_lock
- * held, and dropped meanwhile if the committed row must be read. */
-static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
+ * held, and dropped meanwhile if the committed row must be read. row: the committed row as read in
+ * generation row->gen, or NULL. */
+static bool size_of_row(kidx *idx, uint64_t ino, const struct kidx_lru_row *row, uint64_t *ret)
 {
         uintptr_t v;
         while (!(v = size_in_memory(idx, ino))) {
                 uint64_t gen = idx->flush_gen;
+                if (row && row->gen == gen) {
+                        v = (uintptr_t)row->bytes + 1; /* nothing committed since it was read */
+                        break;
+                }
                 pthread_mutex_unlock(&idx->batch_lock);
                 pthread_mutex_lock(&idx->rd_lock);
                 sqlite3_stmt *st = idx->rd_size;
@@ -111,6 +116,11 @@ static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
         }
         *ret = v != (uintptr_t)KIDX__NO_ROW ? (uint64_t)v - 1 : 0;
         return v != (uintptr_t)KIDX__NO_ROW;
+}
+
+static bool size_of(kidx *idx, uint64_t ino, uint64_t *ret)
+{
+        return size_of_row(idx, ino, NULL, ret);
 }
 
 /* batch_lock held, after size_of() gave ino's old size. On ENOMEM the row's size stays as it was (the
@@ -216,10 +226,10 @@ void kidx_del_dent_of(kidx *idx, uint64_t dir, const char *name, uint64_t ino)
 
 /* batch_lock held: the file's row goes away; a touch of it must not reach a reused inode (I4). Returns
  * the bytes the row held. */
-static uint64_t drop_file_locked(kidx *idx, uint64_t ino)
+static uint64_t drop_file_locked(kidx *idx, uint64_t ino, const struct kidx_lru_row *row)
 {
         uint64_t bytes;
-        bool had = size_of(idx, ino, &bytes); /* first: it may drop batch_lock */
+        bool had = size_of_row(idx, ino, row, &bytes); /* first: it may drop batch_lock */
         free(kmap_del(&idx->touches, ino));
         if (had && kmap_put(&idx->sizes, ino, KIDX__NO_ROW) == 0) {
                 idx->stats.used_bytes -= bytes;
@@ -231,7 +241,7 @@ static uint64_t drop_file_locked(kidx *idx, uint64_t ino)
 void kidx_del_file(kidx *idx, uint64_t ino)
 {
         pthread_mutex_lock(&idx->batch_lock);
-        drop_file_locked(idx, ino);
+        drop_file_locked(idx, ino, NULL);
         struct kidx__op *op = push_op(idx, OP_DEL_FILE);
         if (op)
                 op->a = ino;
@@ -255,11 +265,11 @@ void kidx_rename(kidx *idx, uint64_t odir, const char *oname, uint64_t ndir, con
         free(n);
 }
 
-uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns)
+static uint64_t evicted(kidx *idx, uint64_t ino, const struct kidx_lru_row *row, const char *path, int64_t now_ns)
 {
         char *p = dup_name(path);
         pthread_mutex_lock(&idx->batch_lock);
-        uint64_t bytes = drop_file_locked(idx, ino);
+        uint64_t bytes = drop_file_locked(idx, ino, row);
         idx->stats.evicted_files++;
         idx->stats.evicted_bytes += bytes;
         struct kidx__op *op = push_op(idx, OP_EVICTED);
@@ -273,6 +283,16 @@ uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns)
         pthread_mutex_unlock(&idx->batch_lock);
         free(p);
         return bytes;
+}
+
+uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns)
+{
+        return evicted(idx, ino, NULL, path, now_ns);
+}
+
+uint64_t kidx_evicted_row(kidx *idx, const struct kidx_lru_row *row, const char *path, int64_t now_ns)
+{
+        return evicted(idx, row->ino, row, path, now_ns);
 }
 
 void kidx_evict_cancel(kidx *idx, uint64_t ino)
@@ -373,6 +393,9 @@ int kidx_get_file(kidx *idx, uint64_t ino, struct kidx_file *ret)
 int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, size_t max)
 {
         pthread_mutex_lock(&idx->db_lock);
+        pthread_mutex_lock(&idx->batch_lock);
+        uint64_t gen = idx->flush_gen; /* flushes commit under db_lock: the rows are of this generation */
+        pthread_mutex_unlock(&idx->batch_lock);
         sqlite3_stmt *st = idx->st[ST_LRU];
         sqlite3_bind_int64(st, 1, (int64_t)after_seq);
         sqlite3_bind_int64(st, 2, (int64_t)max);
@@ -382,6 +405,7 @@ int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, siz
                 rows[n].seq = (uint64_t)sqlite3_column_int64(st, 1);
                 rows[n].bytes = (uint64_t)sqlite3_column_int64(st, 2);
                 rows[n].atime_ns = sqlite3_column_int64(st, 3);
+                rows[n].gen = gen;
                 n++;
         }
         int r = (size_t)n < max && rc != SQLITE_DONE ? kidx__errno(rc) : 0;

@@ -290,6 +290,7 @@ int kidx__load_sizes(kidx *idx)
                 idx->sizes = sizes;
                 idx->stats.used_bytes = used;
                 idx->stats.files = files;
+                idx->flush_gen++; /* the rows changed (a reconcile) */
         } else {
                 kmap_free(&sizes);
         }
@@ -308,6 +309,9 @@ static int prepare_all(kidx *idx)
         int r = open_conn(idx->db_path, SQLITE_OPEN_READONLY, &idx->rd);
         if (r < 0)
                 return r;
+        /* The reader looks rows up one by one (every eviction's victims, I3): from a page cache of its own,
+         * and from the file's pages mapped, not read. */
+        (void)kidx__exec(idx->rd, "PRAGMA cache_size=-16384; PRAGMA mmap_size=268435456;");
         int rc = sqlite3_prepare_v3(idx->rd, "SELECT bytes, seq, atime_ns, opens, bytes_read, pinned, uid"
                                     " FROM files WHERE ino = ?1", -1, SQLITE_PREPARE_PERSISTENT,
                                     &idx->rd_get, NULL);

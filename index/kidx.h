@@ -131,6 +131,7 @@ struct kidx_lru_row {
         uint64_t seq;
         uint64_t bytes;
         int64_t atime_ns;
+        uint64_t gen;      /* the rows' generation it was read in (for kidx_evicted_row) */
 };
 /* Up to max unpinned files with seq > after_seq, least recent first. Returns the count or -errno. */
 int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, size_t max);
@@ -141,6 +142,9 @@ int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size);
 /* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it.
  * Returns the bytes its row held (0 if it had none). */
 uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns);
+/* The same for a file chosen from kidx_lru_batch's row: if no flush committed since, the row's bytes are
+ * the committed ones, and the database need not be read again for them. */
+uint64_t kidx_evicted_row(kidx *idx, const struct kidx_lru_row *row, const char *path, int64_t now_ns);
 /* Write-ahead records of evictions: committed now, before any of the files is removed. Each must be
  * followed by kidx_evicted() (done) or kidx_evict_cancel() (the file stayed). After a crash, the
  * reconcile logs those whose file is gone as evictions. Returns 0 or -errno (then evict nothing). */

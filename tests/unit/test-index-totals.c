@@ -39,9 +39,16 @@ static void *mutate(void *arg)
                 case 3:
                         kidx_del_file(m->idx, ino);
                         break;
-                case 4:
-                        (void)kidx_evicted(m->idx, ino, "f", i);
+                case 4: {
+                        /* Half the time as eviction does: a row of the LRU order, read before. */
+                        struct kidx_lru_row rows[8];
+                        int n = rand_r(&m->seed) % 2 ? kidx_lru_batch(m->idx, 0, rows, 8) : 0;
+                        if (n > 0)
+                                (void)kidx_evicted_row(m->idx, &rows[rand_r(&m->seed) % n], "f", i);
+                        else
+                                (void)kidx_evicted(m->idx, ino, "f", i);
                         break;
+                }
                 default:
                         (void)kidx_touch(m->idx, ino, i, 1, bytes);
                         break;
