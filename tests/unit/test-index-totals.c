@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sqlite3.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,6 +16,9 @@
 
 #define THREADS 4
 #define INOS 64 /* few, so that threads meet on the same rows */
+/* Rounds of THREADS x OPS operations; TOTALS_ROUNDS overrides (run-tests uses fewer under valgrind). */
+#define ROUNDS 40
+#define OPS 2000
 
 struct mutator {
         kidx *idx;
@@ -62,8 +66,10 @@ static atomic_bool flushing_stop;
 static void *flush_loop(void *arg)
 {
         kidx *idx = arg;
-        while (!atomic_load(&flushing_stop))
+        while (!atomic_load(&flushing_stop)) {
                 kidx_flush(idx);
+                sched_yield(); /* under valgrind's one-thread-at-a-time, the mutators run too */
+        }
         return NULL;
 }
 
@@ -107,13 +113,15 @@ int main(void)
         kidx *idx = NULL;
         CHECK_EQ(kidx_open(&o, &idx, NULL), 0);
 
-        for (int round = 0; round < 40; round++) {
+        const char *env = getenv("TOTALS_ROUNDS");
+        int rounds = env ? atoi(env) : ROUNDS;
+        for (int round = 0; round < rounds; round++) {
                 pthread_t fl, th[THREADS];
                 struct mutator m[THREADS];
                 atomic_store(&flushing_stop, false);
                 pthread_create(&fl, NULL, flush_loop, idx);
                 for (int t = 0; t < THREADS; t++) {
-                        m[t] = (struct mutator){ idx, (unsigned)(round * THREADS + t + 1), 2000 };
+                        m[t] = (struct mutator){ idx, (unsigned)(round * THREADS + t + 1), OPS };
                         pthread_create(&th[t], NULL, mutate, &m[t]);
                 }
                 for (int t = 0; t < THREADS; t++)
