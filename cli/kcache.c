@@ -23,6 +23,7 @@
 
 #include "show.h"
 #include "../index/kidx.h"
+#include "../common/runtimes.h"
 
 #define KC_PREFIX "user.kcachefs."
 
@@ -53,7 +54,8 @@ static void kc_usage(FILE *f)
               "  show FILE...                            decode libkcache entries: key fields, sizes, verdict\n"
               "\n"
               "MOUNT defaults to $KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt. Actions need the rights of the\n"
-              "mount's owner (or root). RUNTIME: neo sycl pocl cuda triton jax kcache (default: all).\n",
+              "mount's owner (or root). RUNTIME: neo sycl pocl cuda triton jax kcache mesa numba ccache inductor cupy\n"
+              "torch-extensions (default: these), pyopencl (XDG_CACHE_HOME: only when named).\n",
               f);
 }
 
@@ -616,9 +618,24 @@ static int kc_verify(int argc, char **argv)
 
 /* ---- env ---- */
 
+static void kc_env_line(const char *line, const char *dir)
+{
+        for (const char *p = line; *p;) {
+                const char *at = strstr(p, "@DIR@");
+                if (!at) {
+                        fputs(p, stdout);
+                        break;
+                }
+                fwrite(p, 1, (size_t)(at - p), stdout);
+                fputs(dir, stdout);
+                p = at + 5;
+        }
+        putchar('\n');
+}
+
+/* The runtimes' descriptors (common/runtimes.c) say what each one needs. */
 static int kc_env(int argc, char **argv)
 {
-        static const char *const all[] = { "neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache" };
         if (argc < 2 || argv[1][0] == '-')
                 return kc_usage(stderr), 2;
         const char *mount = argv[1];
@@ -627,33 +644,30 @@ static int kc_env(int argc, char **argv)
         char real[PATH_MAX];
         if (!realpath(mount, real))
                 return kc_fail("%s: %s", mount, strerror(errno));
-        int n = argc > 2 ? argc - 2 : (int)(sizeof(all) / sizeof(all[0]));
+        int want[KRT__COUNT], n = 0;
+        for (int i = 2; i < argc; i++) {
+                int rt = krt_by_name(argv[i]);
+                if (rt < 0 || !krt_table[rt].env) {
+                        char known[512] = "";
+                        for (int k = 0; k < KRT__COUNT; k++)
+                                if (krt_table[k].env)
+                                        snprintf(known + strlen(known), sizeof(known) - strlen(known), "%s%s",
+                                                 *known ? " " : "", krt_table[k].name);
+                        return kc_fail("unknown runtime '%s' (%s)", argv[i], known);
+                }
+                if (n < KRT__COUNT)
+                        want[n++] = rt;
+        }
+        for (int k = 0; argc <= 2 && k < KRT__COUNT; k++)
+                if (krt_table[k].env && krt_table[k].env_default)
+                        want[n++] = k;
         for (int i = 0; i < n; i++) {
-                const char *rt = argc > 2 ? argv[i + 2] : all[i];
-                char dir[PATH_MAX + 16];
-                snprintf(dir, sizeof(dir), "%s/%s", real, rt);
-                bool known = false;
-                for (size_t k = 0; k < sizeof(all) / sizeof(all[0]); k++)
-                        known |= !strcmp(rt, all[k]);
-                if (!known)
-                        return kc_fail("unknown runtime '%s' (neo sycl pocl cuda triton jax kcache)", rt);
+                const struct krt_desc *d = &krt_table[want[i]];
+                char dir[PATH_MAX + 64];
+                snprintf(dir, sizeof(dir), "%s/%s", real, d->dir);
                 if (mkdir(dir, 0777) < 0 && errno != EEXIST)
                         return kc_fail("cannot create %s: %s", dir, strerror(errno));
-                if (!strcmp(rt, "neo"))
-                        printf("export NEO_CACHE_PERSISTENT=1 NEO_CACHE_DIR='%s' NEO_CACHE_MAX_SIZE=0\n", dir);
-                else if (!strcmp(rt, "sycl"))
-                        printf("export SYCL_CACHE_PERSISTENT=1 SYCL_CACHE_DIR='%s'; unset SYCL_CACHE_MAX_SIZE\n", dir);
-                else if (!strcmp(rt, "pocl"))
-                        printf("export POCL_CACHE_DIR='%s'\n", dir);
-                else if (!strcmp(rt, "cuda"))
-                        printf("export CUDA_CACHE_PATH='%s' CUDA_CACHE_MAXSIZE=4294967296\n", dir);
-                else if (!strcmp(rt, "triton"))
-                        printf("export TRITON_CACHE_DIR='%s'\n", dir);
-                else if (!strcmp(rt, "jax"))
-                        printf("export JAX_COMPILATION_CACHE_DIR='%s' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0\n",
-                               dir);
-                else
-                        printf("export KCACHE_DIR='%s'\n", dir);
+                kc_env_line(d->env, dir);
         }
         return 0;
 }

@@ -149,7 +149,7 @@ struct victim {
 /* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
 struct vunit {
         size_t first, count;
-        enum kfs_rt rt;
+        enum krt rt;
         char *repair;  /* bookkeeping to repair afterwards (units.c), or NULL */
 };
 
@@ -165,7 +165,7 @@ struct victims {
 
 /* A bookkeeping repair still to do (the runtime held its lock last time). */
 struct kfs_repair {
-        enum kfs_rt rt;
+        enum krt rt;
         char *dir;
 };
 
@@ -273,7 +273,7 @@ static int push_victim(struct victims *vs, struct victim *v)
         return 0;
 }
 
-static int push_unit(struct victims *vs, size_t first, enum kfs_rt rt, const char *repair)
+static int push_unit(struct victims *vs, size_t first, enum krt rt, const char *repair)
 {
         struct vunit *nu = realloc(vs->u, (vs->nu + 1) * sizeof(*nu));
         if (!nu)
@@ -474,7 +474,7 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                                 r = r < 0 ? r : 0;
                                 continue;
                         }
-                        if (u.rt == KFS_RT_FILE) {
+                        if (u.rt == KRT_FILE) {
                                 if (kmap_get(&sset->files, v.ino)) { /* taken by an earlier pass */
                                         free_names(v.names, v.nnames);
                                         kfs_unit_free(&u);
@@ -488,7 +488,7 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                                 size_t first = vs->n;
                                 r = push_victim(vs, &v);
                                 if (r == 0)
-                                        r = push_unit(vs, first, KFS_RT_FILE, NULL);
+                                        r = push_unit(vs, first, KRT_FILE, NULL);
                                 else
                                         free_names(v.names, v.nnames);
                                 kfs_unit_free(&u);
@@ -498,7 +498,7 @@ static int choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max
                         char key[PATH_MAX + 16];
                         /* A directory unit is its directory; a unit of files in a shared directory (NEO, SYCL,
                          * JAX) is its first member. */
-                        bool by_dir = u.dir_unit || u.rt == KFS_RT_TRITON;
+                        bool by_dir = u.dir_unit || u.rt == KRT_TRITON;
                         snprintf(key, sizeof(key), "%d:%s", u.rt, by_dir || !u.n ? u.root : u.members[0]);
                         struct seen *sn = seen_get(sset, key);
                         if (!sn)
@@ -611,10 +611,11 @@ static size_t remove_member_locked(struct kfs *fs, struct victim *v, const int *
 
 /* Whether eviction keeps the directory rel (relative to the backing root) even when it is empty: the root
  * of a runtime's cache, where a runtime expects it to stay. Those are the directories directly in the
- * mount's root (where kcache env and operators put each runtime's cache) and the layout= directories. */
+ * mount's root (where kcache env and operators put each runtime's cache), the layout= directories, and
+ * the roots runtimes make inside the directory they are given (kfs_runtime_root). */
 static bool dir_kept(const struct kfs *fs, const char *rel)
 {
-        if (!strchr(rel, '/'))
+        if (!strchr(rel, '/') || kfs_runtime_root(rel))
                 return true;
         for (size_t i = 0; i < fs->o.nlayouts; i++)
                 if (!strcmp(fs->o.layouts[i].dir, rel))
@@ -622,14 +623,16 @@ static bool dir_kept(const struct kfs *fs, const char *rel)
         return false;
 }
 
-/* Whether eviction removes the directories it empties in a unit of rt (EMPTIED DIRECTORIES). Not where
- * the runtime makes a directory once and then relies on it: Triton makes the key directory at lookup,
- * and mkdir()s its temporary directory inside it when it stores, seconds later (runtimes.md: never rmdir
- * a key directory that may be in use); NEO mkdirs its two levels before its rename, under its own lock;
- * SYCL creates its directories, then its O_EXCL lock file in them; the CUDA driver manages its own. */
-static bool prunes(enum kfs_rt rt)
+/* Whether eviction removes the directories it empties in a unit of rt (EMPTIED DIRECTORIES): the
+ * runtime's descriptor says (common/runtimes.c, keeps_dirs). Not where the runtime makes a directory once
+ * and then relies on it: Triton makes the key directory at lookup, and mkdir()s its temporary directory
+ * inside it when it stores, seconds later (runtimes.md: never rmdir a key directory that may be in use);
+ * NEO mkdirs its two levels before its rename, under its own lock; SYCL creates its directories, then its
+ * O_EXCL lock file in them; the CUDA driver manages its own; Numba makes its directory when a function is
+ * first compiled and stores into it when the compilation ends. */
+static bool prunes(enum krt rt)
 {
-        return rt == KFS_RT_POCL || rt == KFS_RT_FILE;
+        return !krt_table[rt].keeps_dirs;
 }
 
 /* EMPTIED DIRECTORIES. Directories are not counted (only regular files are), but every key a runtime ever
@@ -716,7 +719,9 @@ static bool dir_has_entries(int fd)
         }
 }
 
-static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *nl)
+/* first_now: the first directory goes even if named within the grace (a unit that is a directory: the
+ * runtime never stores into one that exists, it makes it). */
+static void prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *nl, bool first_now)
 {
         char rel[PATH_MAX];
         if (snprintf(rel, sizeof(rel), "%s", dir_rel) >= (int)sizeof(rel))
@@ -746,7 +751,8 @@ static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *n
                 if (pfd >= 0 && fstat(pfd, &ps) == 0) {
                         pthread_mutex_lock(&fs->itable_lock);
                         struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
-                        named = in ? atomic_load(&in->named_ns) : 0;
+                        named = in && !first_now ? atomic_load(&in->named_ns) : 0;
+                        first_now = false;
                         if (named > now - dir_grace_ns(fs)) /* a runtime may be about to store in it */
                                 in = NULL;
                         else
@@ -781,6 +787,11 @@ static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *n
                         return;
                 base[-1] = '\0';
         }
+}
+
+static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *nl)
+{
+        prune_dir_at(fs, dir_rel, nl, false);
 }
 
 /* evict_lock held. Looks again at the directories whose grace has passed (EMPTIED DIRECTORIES). */
@@ -902,14 +913,18 @@ static void prune_emptied(struct kfs *fs, struct victims *vs, struct notify_list
 }
 
 /* JAX (with its own size cap) reads an entry under its .lockfile's flock: exists(-cache), then open;
- * a removal in between makes the read fail (FileNotFoundError). A write that evicts in line runs inside
- * a store, which JAX makes under that lock, so no JAX read is in between (unless the writer is another
- * program sharing the cache); the descent and an operator's eviction run at any moment, so they take the
- * lock themselves, without waiting: a unit whose lock is held stays for now. Returns the locked fd, -1
- * if there is no lock to take, -EWOULDBLOCK if it is held. */
-static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u)
+ * a removal in between makes the read fail (FileNotFoundError), and a -cache seen without its -atime
+ * makes every later put of the key fail. So eviction takes the lock itself, without waiting, and a unit
+ * whose lock is held stays for now; except for an eviction inside a write (or truncate, or open) of the
+ * process that holds the lock: it is inside its own store, and no JAX read of another process is in
+ * between (kfs_writer). Measurements that make room outside a request (at release, after writeback: a
+ * JAX process may be in the middle of a read then) take the lock like the descent. Returns the locked
+ * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it. */
+_Thread_local pid_t kfs_writer;
+
+static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u, bool in_line)
 {
-        if (u->rt != KFS_RT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
+        if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
                 return -1;
         int dfd = dc->fd[dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
         int fd = dfd < 0 ? -1 : openat(dfd, KFS_JAX_LOCK, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
@@ -917,8 +932,10 @@ static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs,
                 return -1;
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                 return fd;
+        struct stat st;
+        bool writer_holds = in_line && kfs_writer && fstat(fd, &st) == 0 && kfs_flock_held_by(fs, st.st_ino, kfs_writer);
         close(fd);
-        return -EWOULDBLOCK;
+        return writer_holds ? -1 : -EWOULDBLOCK;
 }
 
 /* Removes one unit: all its files in order, or none if any of them was opened since it was chosen.
@@ -932,7 +949,7 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
         size_t total = 0;
         for (size_t k = 0; k < u->count; k++)
                 total += vs->v[u->first + k].nnames;
-        int lock = in_line ? -1 : runtime_lock(fs, dc, vs, u);
+        int lock = runtime_lock(fs, dc, vs, u, in_line);
         int small[16], *fds = lock == -EWOULDBLOCK ? NULL : total <= 16 ? small : malloc(total * sizeof(int));
         if (!fds) { /* the runtime holds its lock: the unit stays, for now */
                 for (size_t k = 0; k < u->count; k++)
@@ -1009,6 +1026,18 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                 for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
                         if (v->names[i].removed && v->names[i].path)
                                 note_emptied(vs, v->names[i].path);
+                if (u->rt == KRT_PYOPENCL && k + 1 == u->count && v->nnames && v->names[0].path) {
+                        /* The unit is its directory: PyOpenCL and pytools never store into an existing
+                         * one (a key directory without its info is a warning and a reset; an item
+                         * directory without its files, a key dead for good), so it goes with its last file. */
+                        char dir[PATH_MAX];
+                        char *slash;
+                        if (snprintf(dir, sizeof(dir), "%s", v->names[0].path) < (int)sizeof(dir) &&
+                            (slash = strrchr(dir, '/'))) {
+                                *slash = '\0';
+                                prune_dir_at(fs, dir, nl, true);
+                        }
+                }
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */
                 struct victim *v = &vs->v[u->first + k];
@@ -1046,17 +1075,17 @@ static void remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, st
 
 /* Whether a regular file counts towards a runtime's own size: NEO counts its cache binaries
  * (<hash>.cl_cache, .l0_cache, .ocloc_cache), SYCL every file but its size file and lock files. */
-static bool counted(enum kfs_rt rt, const char *n)
+static bool counted(enum krt rt, const char *n)
 {
         size_t l = strlen(n);
-        if (rt == KFS_RT_NEO)
+        if (rt == KRT_NEO)
                 return l > 6 && !strcmp(n + l - 6, "_cache");
         return strcmp(n, KFS_SYCL_SIZE_FILE) && !(l > 5 && !strcmp(n + l - 5, ".lock"));
 }
 
 /* The runtime's own count of the cache below dfd: the sizes of its counted files, down as deep as the
  * runtime itself looks (NEO: its two levels of hash directories). */
-static uint64_t tree_size(enum kfs_rt rt, int dfd, int depth)
+static uint64_t tree_size(enum krt rt, int dfd, int depth)
 {
         int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
@@ -1067,7 +1096,7 @@ static uint64_t tree_size(enum kfs_rt rt, int dfd, int depth)
                         close(fd);
                 return 0;
         }
-        int max_depth = rt == KFS_RT_NEO ? 2 : 16;
+        int max_depth = rt == KRT_NEO ? 2 : 16;
         while ((de = readdir(d))) {
                 struct stat st;
                 const char *n = de->d_name;
@@ -1113,7 +1142,7 @@ static void note_rewritten(struct kfs *fs, int fd, struct notify_list *nl)
  * files are opened direct_io (kfs_inode.bookkeeping), so NEO's pread after the lock comes here. */
 static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
 {
-        size_t v = (size_t)tree_size(KFS_RT_NEO, dfd, 0); /* NEO's format: one native size_t */
+        size_t v = (size_t)tree_size(KRT_NEO, dfd, 0); /* NEO's format: one native size_t */
         if (pwrite(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
                 remove_noted(fs, dfd, KFS_NEO_SIZE_FILE, fd, nl); /* not writable: removed, NEO then recounts */
         else
@@ -1126,13 +1155,13 @@ static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
  *   SYCL: rewrite cache_size.txt with the true size while holding cache_size.txt.lock (created O_EXCL, as
  *         SYCL does). Rewriting, not removing: a missing file makes SYCL recount by walking a tree that
  *         eviction may be changing under it. */
-static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notify_list *nl)
+static bool repair(struct kfs *fs, enum krt rt, const char *dir, struct notify_list *nl)
 {
         int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (dfd < 0)
                 return true; /* gone: nothing to repair */
         bool done = true;
-        if (rt == KFS_RT_NEO) {
+        if (rt == KRT_NEO) {
                 int fd = openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
@@ -1141,14 +1170,14 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
                                 done = false;
                         close(fd); /* releases the lock */
                 }
-        } else if (rt == KFS_RT_SYCL) {
+        } else if (rt == KRT_SYCL) {
                 int lk = openat(dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
                 if (lk >= 0) {
                         int fd = openat(dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
                         if (fd >= 0) {
                                 char v[32];
                                 int n = snprintf(v, sizeof(v), "%llu",
-                                                 (unsigned long long)tree_size(KFS_RT_SYCL, dfd, 0));
+                                                 (unsigned long long)tree_size(KRT_SYCL, dfd, 0));
                                 if (write(fd, v, (size_t)n) != n) /* a short write leaves a number SYCL rejects */
                                         remove_noted(fs, dfd, KFS_SYCL_SIZE_FILE, fd, nl);
                                 else
@@ -1174,7 +1203,7 @@ static bool repair(struct kfs *fs, enum kfs_rt rt, const char *dir, struct notif
  * order is the flock, then evict_lock; eviction itself never waits for a flock). Stopped by
  * kfs_evict_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. */
 
-static void drop_repair_locked(struct kfs *fs, enum kfs_rt rt, const char *dir)
+static void drop_repair_locked(struct kfs *fs, enum krt rt, const char *dir)
 {
         for (size_t k = 0; k < fs->nrepairs; k++)
                 if (fs->repairs[k].rt == rt && !strcmp(fs->repairs[k].dir, dir)) {
@@ -1191,7 +1220,7 @@ static void *repairer_main(void *arg)
         while (!fs->evict_stop) {
                 char *dir = NULL;
                 for (size_t k = 0; k < fs->nrepairs && !dir; k++)
-                        if (fs->repairs[k].rt == KFS_RT_NEO)
+                        if (fs->repairs[k].rt == KRT_NEO)
                                 dir = strdup(fs->repairs[k].dir);
                 if (!dir) {
                         pthread_cond_wait(&fs->repair_cond, &fs->evict_lock);
@@ -1206,7 +1235,7 @@ static void *repairer_main(void *arg)
                 if (!fs->evict_stop && (locked || fd < 0)) {
                         if (locked)
                                 neo_rewrite(fs, dfd, fd, &nl);
-                        drop_repair_locked(fs, KFS_RT_NEO, dir);
+                        drop_repair_locked(fs, KRT_NEO, dir);
                 }
                 pthread_mutex_unlock(&fs->evict_lock);
                 notify_all(fs, &nl);
@@ -1275,7 +1304,7 @@ static void repair_all(struct kfs *fs, struct victims *vs, struct notify_list *n
                 if (repair(fs, fs->repairs[k].rt, fs->repairs[k].dir, nl)) {
                         free(fs->repairs[k].dir);
                 } else {
-                        neo |= fs->repairs[k].rt == KFS_RT_NEO;
+                        neo |= fs->repairs[k].rt == KRT_NEO;
                         fs->repairs[keep++] = fs->repairs[k];
                 }
         }
@@ -1757,12 +1786,12 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
                 r = kfs_unit_resolve(fs, path, &u);
         if (r == 0 && u.busy)
                 r = -EBUSY;
-        if (r == 0 && u.rt == KFS_RT_FILE) {
+        if (r == 0 && u.rt == KRT_FILE) {
                 r = push_victim(&vs, &v);
                 if (r == 0) {
                         v.names = NULL;
                         v.nnames = 0;
-                        r = push_unit(&vs, 0, KFS_RT_FILE, NULL);
+                        r = push_unit(&vs, 0, KRT_FILE, NULL);
                 }
         } else if (r == 0) {
                 struct seen sn = { 0 };

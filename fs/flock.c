@@ -71,6 +71,36 @@ static bool taker_gone(pid_t tid)
         return p && (p[2] == 'Z' || p[2] == 'X');
 }
 
+/* The process a thread belongs to, or 0. */
+static pid_t tgid_of(pid_t tid)
+{
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return 0;
+        buf[n] = 0;
+        const char *t = strstr(buf, "\nTgid:");
+        return t ? (pid_t)atoi(t + 6) : 0;
+}
+
+bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
+{
+        pid_t want = pid > 0 ? tgid_of(pid) : 0;
+        if (!want)
+                return false;
+        bool held = false;
+        pthread_mutex_lock(&fs->flock.lock);
+        for (struct kfs_flock_holder *h = fs->flock.holders; h && !held; h = h->next)
+                held = h->bino == bino && h->tid > 0 && tgid_of(h->tid) == want;
+        pthread_mutex_unlock(&fs->flock.lock);
+        return held;
+}
+
 /* flock.lock held. Is a lock on bino held by a taker that is gone? */
 static bool gone_holder_locked(struct kfs *fs, uint64_t bino)
 {

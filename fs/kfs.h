@@ -21,7 +21,8 @@
  *
  * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
  * index's own locks; fs->fdc.lock (the inodes' descriptors, inode.c) and fs->name_locks (kfs_names_lock)
- * are leaves, taken under any of them; fs->settle.lock (settle.c) is taken with none of ours held, and
+ * are leaves, taken under any of them, and so are fs->flock.lock, fs->reap.lock and fs->prune's
+ * (evict_lock); fs->settle.lock (settle.c) is taken with none of ours held, and
  * itable_lock under it. No lock of ours is held while a reply is sent or while the kernel is notified,
  * and the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE
  * KERNEL). */
@@ -42,6 +43,7 @@
 #include <sys/uio.h>
 
 #include "../common/kmap.h"
+#include "../common/runtimes.h"
 #include "../index/kidx.h"
 
 #define KFS_VERSION "0.1.0"
@@ -57,16 +59,15 @@
 enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };
 
 /* Runtimes whose cache layout eviction knows (units.c). */
-enum kfs_rt { KFS_RT_AUTO, KFS_RT_FILE, KFS_RT_NEO, KFS_RT_SYCL, KFS_RT_POCL, KFS_RT_TRITON, KFS_RT_JAX, KFS_RT_CUDA };
 
 struct kfs_layout {
         char *dir;                /* relative to the cache root; "" for the whole mount */
-        enum kfs_rt rt;
+        enum krt rt;
 };
 
 /* One logical entry of a runtime: evicted whole or not at all (units.c). */
 struct kfs_unit {
-        enum kfs_rt rt;
+        enum krt rt;
         char *root;               /* the entry's directory, relative */
         char **members;           /* regular files, relative, in deletion order */
         size_t n;
@@ -423,6 +424,8 @@ void kfs_reap_drain(struct kfs *fs);
 void kfs_reap_stop(struct kfs *fs);
 
 /* flock.c */
+/* Whether a thread of process pid (a thread id, as requests carry) holds a flock on bino through us. */
+bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
 /* Closes a handle's backing fd at RELEASE, and forgets the lock it held. */
@@ -491,11 +494,17 @@ static inline struct kfs_handle *kfs_lazy_handle(const struct fuse_file_info *fi
 /* The handle's backing fd, opened now if it is a lazy one that was never used; -errno if that fails. */
 int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 
+/* The process (its requesting thread's id) whose write, truncate or open this thread is serving while it
+ * may evict in line, else 0 (evict.c, runtime_lock): set around those calls only. */
+extern _Thread_local pid_t kfs_writer;
+
 /* units.c */
 bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
+/* Whether the directory rel is a runtime's own root inside its cache (pytools' pdict-*, PyOpenCL's
+ * compiler cache, Mesa's mesa_shader_cache*): emptied, it stays. */
+bool kfs_runtime_root(const char *rel);
 int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *ret);
 void kfs_unit_free(struct kfs_unit *u);
-const char *kfs_rt_name(enum kfs_rt rt);
 int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
 
 /* control.c: the user.kcachefs.* attributes */

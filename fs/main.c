@@ -52,7 +52,8 @@ static void usage(const char *prog)
                "                            writing (writers)\n"
                "    -o layout=RT | DIR=RT[:DIR=RT...]\n"
                "                            the runtime whose cache layout a directory holds (neo, sycl,\n"
-               "                            pocl, triton, jax, cuda, file); default: recognised by markers\n"
+               "                            pocl, triton, jax, cuda, numba, pyopencl, or file: each file\n"
+               "                            alone); default: recognised by their layout\n"
                "    -o tmp_age=SECONDS      a runtime's temporary file older than this is leaked and may go;\n"
                "                            default 3600\n"
                "    -o grace_ms=MS          never evict an entry used this recently (a runtime builds and\n"
@@ -168,7 +169,7 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("invalid tmp_age: must not be negative");
         if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0)
                 return fail("invalid layout '%s': expected RT or DIR=RT[:DIR=RT...] with RT one of neo, sycl, "
-                            "pocl, triton, jax, cuda, file, auto", o->layout_str);
+                            "pocl, triton, jax, cuda, numba, pyopencl, mesa, file, auto", o->layout_str);
         if (kfs_parse_pins(o->pin_str ? o->pin_str : DEFAULT_PINS, &o->pins) < 0)
                 return fail("out of memory");
 

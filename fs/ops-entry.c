@@ -201,8 +201,11 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                             !kfs_space_account_locked(fs, in, &st);
                 in->cache_ok = false;
                 pthread_mutex_unlock(&in->lock);
-                if (grew) /* allocated unseen before (writeback): room first */
+                if (grew) { /* allocated unseen before (writeback): room first */
+                        kfs_writer = fuse_req_ctx(req)->pid;
                         kfs_space_measure(fs, in, fi ? fd : -1, 0);
+                        kfs_writer = 0;
+                }
                 errno = e;
                 if (r < 0)
                         goto err;

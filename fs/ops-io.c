@@ -116,7 +116,9 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         int fd = maybe_lazy ? -1 : kfs_inode_open(fs, in, flags);
         if (fd < 0 && !maybe_lazy)
                 goto fail;
+        kfs_writer = fuse_req_ctx(req)->pid;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
+        kfs_writer = 0;
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
         struct kfs_handle *h = NULL;
         if (pt && !writer && (h = malloc(sizeof(*h)))) {
@@ -219,7 +221,9 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 goto fail;
         struct kfs_inode *in = kfs_inode_get(fs, e.ino);
         count_open(fs, in, is_writer(flags), 1);
+        kfs_writer = fuse_req_ctx(req)->pid;
         refresh(fs, in, fd);
+        kfs_writer = 0;
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
@@ -334,7 +338,9 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 return;
         }
         bool retry_ok = !(bufv->buf[0].flags & FUSE_BUF_IS_FD); /* a spliced pipe can be read only once */
+        kfs_writer = fuse_req_ctx(req)->pid; /* (evict.c, runtime_lock) */
         ssize_t res = allocating_op(fs, in, &op, estimate(in, (uint64_t)off, len), retry_ok);
+        kfs_writer = 0;
         if (res < 0) {
                 fuse_reply_err(req, (int)-res);
                 return;
@@ -370,7 +376,9 @@ void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t
                 return;
         }
         uint64_t est = mode & FALLOC_FL_PUNCH_HOLE ? 0 : estimate(in, (uint64_t)off, (uint64_t)len);
+        kfs_writer = fuse_req_ctx(req)->pid;
         ssize_t res = allocating_op(fs, in, &op, est, true);
+        kfs_writer = 0;
         if (res >= 0)
                 kfs_settle_note(fs, in);
         fuse_reply_err(req, res < 0 ? (int)-res : 0);

@@ -148,14 +148,6 @@ int kfs_opts_parse(struct fuse_args *args, struct kfs_opts *o)
         return fuse_opt_parse(args, o, kfs_optspec, opt_proc) < 0 ? -EINVAL : 0;
 }
 
-const char *kfs_rt_name(enum kfs_rt rt)
-{
-        static const char *const names[] = { [KFS_RT_AUTO] = "auto", [KFS_RT_FILE] = "file", [KFS_RT_NEO] = "neo",
-                                             [KFS_RT_SYCL] = "sycl", [KFS_RT_POCL] = "pocl",
-                                             [KFS_RT_TRITON] = "triton", [KFS_RT_JAX] = "jax", [KFS_RT_CUDA] = "cuda" };
-        return rt < sizeof(names) / sizeof(names[0]) ? names[rt] : "?";
-}
-
 int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n)
 {
         /* "RT" for the whole mount, or "DIR=RT:DIR=RT..." per subdirectory (relative to the mount). */
@@ -167,12 +159,10 @@ int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n)
         for (char *tok = strtok_r(copy, ":", &save); tok; tok = strtok_r(NULL, ":", &save)) {
                 char *eq = strrchr(tok, '=');
                 const char *rtname = eq ? eq + 1 : tok;
-                enum kfs_rt rt = KFS_RT_AUTO;
-                for (int i = KFS_RT_AUTO; i <= KFS_RT_CUDA; i++)
-                        if (!strcmp(rtname, kfs_rt_name((enum kfs_rt)i)))
-                                rt = (enum kfs_rt)i;
+                int found = krt_by_name(rtname);
+                enum krt rt = found < 0 ? KRT_AUTO : (enum krt)found;
                 struct kfs_layout *nv = NULL;
-                int r = rt == KFS_RT_AUTO && strcmp(rtname, "auto") ? -EINVAL
+                int r = found < 0 ? -EINVAL
                         : (nv = realloc(v, (n + 1) * sizeof(*nv))) ? 0 : -ENOMEM;
                 if (r < 0) { /* the directories taken so far go too (the options fuzzer found the leak) */
                         for (size_t i = 0; i < n; i++)

@@ -18,7 +18,15 @@
  *                                                            until older than tmp_age
  *   CUDA     the directory holding the driver's `index`      index first, then every file below it
  *            (not Mesa's mesa_shader_cache*, whose <2 hex>/<38 hex> entries go one by one: "other")
+ *   Numba    <stem>.nbi, <stem>.<n>.nbc                      .nbi, then the .nbc files
+ *   PyOpenCL pyopencl-compiler-cache-.../<32 hex>/           info, then the rest; only while the cache's
+ *                                                            lock is absent
+ *   pytools  pdict-.../<3 hex>/<3 hex>/<hex>/ {key, contents} contents, key; the emptied directory goes
+ *                                                            too (a WriteOncePersistentDict never stores
+ *                                                            into an existing one)
  *   other    -                                               the file
+ * What each runtime keeps (locks, bookkeeping, settings), the directories kcache env gives them and
+ * whether eviction removes the directories it empties are data: common/runtimes.c.
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
  * markers cannot recognise (and to turn recognition off: layout=file).
  *
@@ -61,19 +69,6 @@ static int is_base32(int c)
         return (c >= 'A' && c <= 'Z') || (c >= '2' && c <= '7');
 }
 
-/* Bookkeeping, configuration and locks: never evicted, whatever their age. The bare name lock is the lock
- * file of Triton, PyOpenCL and torch extensions; ccache.conf holds ccache's own settings (max_size among
- * them), which an eviction would silently reset. */
-static bool is_bookkeeping(const char *name)
-{
-        static const char *const exact[] = { KFS_NEO_SIZE_FILE, KFS_SYCL_SIZE_FILE, KFS_JAX_LOCK, "stats", "index",
-                                             "lock", "ccache.conf" };
-        for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
-                if (!strcmp(name, exact[i]))
-                        return true;
-        return ends_with(name, ".lock");
-}
-
 /* In-flight temporary files of the runtimes (and anything under a tmp/ or tmp.pid_* directory). */
 static bool is_temporary(const char *path)
 {
@@ -82,6 +77,10 @@ static bool is_temporary(const char *path)
                 return true; /* NEO's mkstemp("cl_cache.XXXXXX") */
         if (!strncmp(name, "tempfile-", 9) || !strncmp(name, "tempfile_", 9) || ends_with(name, ".temp"))
                 return true; /* PoCL */
+        const char *t = strstr(name, ".tmp.");
+        if (t && t - name >= 4 && (!strncmp(t - 4, ".nbi", 4) || !strncmp(t - 4, ".nbc", 4)) &&
+            strlen(t + 5) == 16 && all_of(t + 5, 16, isxdigit))
+                return true; /* Numba: <file>.tmp.<16 hex>, then os.replace */
         for (const char *p = path; *p;) { /* a directory component tmp or tmp.pid_* (Triton, XLA) */
                 size_t l = strcspn(p, "/");
                 if (p[l] == '/' && ((l == 3 && !strncmp(p, "tmp", 3)) || !strncmp(p, "tmp.pid_", 8)))
@@ -93,23 +92,23 @@ static bool is_temporary(const char *path)
 
 bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)
 {
-        if (is_bookkeeping(base_of(path)))
+        if (krt_is_kept_name(base_of(path))) /* locks, bookkeeping, settings (common/runtimes.c) */
                 return true;
         if (is_temporary(path))
                 return now_ns - atime_ns < (int64_t)(fs->o.tmp_age * 1e9);
         return false;
 }
 
-/* The forced runtime for path, from -o layout=, or KFS_RT_AUTO. The longest matching prefix wins. */
-static enum kfs_rt forced(const struct kfs *fs, const char *path)
+/* The forced runtime for path, from -o layout=, or KRT_AUTO. The longest matching prefix wins. */
+static enum krt forced(const struct kfs *fs, const char *path)
 {
-        enum kfs_rt rt = KFS_RT_AUTO;
+        enum krt rt = KRT_AUTO;
         size_t best = 0;
         for (size_t i = 0; i < fs->o.nlayouts; i++) {
                 const char *dir = fs->o.layouts[i].dir;
                 size_t l = strlen(dir);
                 bool match = l == 0 || (!strncmp(path, dir, l) && path[l] == '/');
-                if (match && (l >= best || rt == KFS_RT_AUTO)) {
+                if (match && (l >= best || rt == KRT_AUTO)) {
                         best = l;
                         rt = fs->o.layouts[i].rt;
                 }
@@ -273,7 +272,7 @@ static bool is_triton_dir(struct kfs *fs, const char *d, const char *path)
         const char *b = base_of(d);
         if (strlen(b) != 52 || !all_of(b, 52, is_base32))
                 return false;
-        if (forced(fs, path) == KFS_RT_TRITON)
+        if (forced(fs, path) == KRT_TRITON)
                 return true;
         int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
@@ -299,12 +298,94 @@ static bool is_pocl_dir(struct kfs *fs, const char *d, const char *path)
         const char *p = slash;
         while (p > d && p[-1] != '/')
                 p--;
-        return slash - p == 2 && (forced(fs, path) == KFS_RT_POCL || exists_at(fs, d, "program.bc") ||
+        return slash - p == 2 && (forced(fs, path) == KRT_POCL || exists_at(fs, d, "program.bc") ||
                                   exists_at(fs, d, "build.log") || exists_at(fs, d, "last_accessed"));
 }
 
+/* Numba: per function <stem>.nbi (its index of signatures) and <stem>.<n>.nbc (one per signature), where
+ * stem is <module>.<qualname>-<line>.py<ver>. The length of the stem, or 0. */
+static size_t numba_stem(const char *n)
+{
+        size_t l = strlen(n);
+        if (l > 4 && !strcmp(n + l - 4, ".nbi"))
+                return l - 4;
+        if (l < 6 || strcmp(n + l - 4, ".nbc"))
+                return 0;
+        size_t e = l - 4, b = e;
+        while (b > 0 && isdigit((unsigned char)n[b - 1]))
+                b--;
+        return b < e && b > 1 && n[b - 1] == '.' ? b - 1 : 0;
+}
+
+static bool is_nbi(const char *n)
+{
+        return ends_with(n, ".nbi");
+}
+
+static bool is_info(const char *n)
+{
+        return !strcmp(n, "info");
+}
+
+static bool is_contents(const char *n)
+{
+        return !strcmp(n, "contents");
+}
+
+static bool all_hex(const char *s, size_t n)
+{
+        return strlen(s) == n && all_of(s, n, isxdigit);
+}
+
+/* The name of d's parent directory (up levels), copied into buf; "" where there is none. */
+static const char *up_name(const char *d, int levels, char *buf, size_t size)
+{
+        char tmp[PATH_MAX];
+        snprintf(tmp, sizeof(tmp), "%s", d);
+        for (int i = 0; i < levels; i++) {
+                char *s = strrchr(tmp, '/');
+                if (!s) {
+                        buf[0] = '\0';
+                        return buf;
+                }
+                *s = '\0';
+        }
+        snprintf(buf, size, "%s", base_of(tmp));
+        return buf;
+}
+
+/* PyOpenCL's compiler cache: <cache>/pyopencl-compiler-cache-v2-py<ver>/<32 hex md5>/{info,binary,source.cl},
+ * written in place under the cache's one lock file (lock, O_CREAT|O_EXCL). */
+static bool is_pyopencl_dir(struct kfs *fs, const char *d, const char *path)
+{
+        char b[PATH_MAX];
+        return all_hex(base_of(d), 32) &&
+               (forced(fs, path) == KRT_PYOPENCL ||
+                !strncmp(up_name(d, 1, b, sizeof(b)), "pyopencl-compiler-cache-", 24));
+}
+
+/* pytools' PersistentDict (PyOpenCL's invoker cache): <container pdict-*>/<3 hex>/<3 hex>/<rest>/{key,
+ * contents}. A WriteOncePersistentDict never stores over an existing item directory: the directory goes
+ * with its files, or the key is dead for good. */
+static bool is_pdict_item(struct kfs *fs, const char *d, const char *path)
+{
+        char b1[PATH_MAX], b2[PATH_MAX], c[PATH_MAX];
+        (void)fs;
+        (void)path;
+        return strlen(base_of(d)) >= 20 && all_of(base_of(d), strlen(base_of(d)), isxdigit) &&
+               all_hex(up_name(d, 1, b1, sizeof(b1)), 3) && all_hex(up_name(d, 2, b2, sizeof(b2)), 3) &&
+               !strncmp(up_name(d, 3, c, sizeof(c)), "pdict-", 6);
+}
+
+bool kfs_runtime_root(const char *rel)
+{
+        const char *b = base_of(rel);
+        return !strncmp(b, "pdict-", 6) || !strncmp(b, "pyopencl-compiler-cache-", 24) ||
+               !strncmp(b, "mesa_shader_cache", 17);
+}
+
 /* A unit that is a whole directory d (taken over), every file below it, first(name) ones first. */
-static int whole_dir_unit(struct kfs *fs, struct kfs_unit *u, enum kfs_rt rt, char *d, bool (*first)(const char *))
+static int whole_dir_unit(struct kfs *fs, struct kfs_unit *u, enum krt rt, char *d, bool (*first)(const char *))
 {
         u->rt = rt;
         u->root = d;
@@ -318,7 +399,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
 {
         memset(u, 0, sizeof(*u));
         const char *name = base_of(path);
-        enum kfs_rt f = forced(fs, path);
+        enum krt f = forced(fs, path);
         char *dir = dir_of(path);
         int r = 0;
         if (!dir)
@@ -326,10 +407,10 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
         size_t k;
         char *d;
 
-        if (f == KFS_RT_FILE || is_temporary(path))
+        if (f == KRT_FILE || is_temporary(path))
                 goto single;
-        if ((f == KFS_RT_AUTO || f == KFS_RT_JAX) && (ends_with(name, "-cache") || ends_with(name, "-atime"))) {
-                u->rt = KFS_RT_JAX;
+        if ((f == KRT_AUTO || f == KRT_JAX) && (ends_with(name, "-cache") || ends_with(name, "-atime"))) {
+                u->rt = KRT_JAX;
                 char key[NAME_MAX + 1];
                 snprintf(key, sizeof(key), "%.*s", (int)(strlen(name) - 6), name);
                 char c[NAME_MAX + 8], a[NAME_MAX + 8];
@@ -342,8 +423,8 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 u->root = dir;
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_SYCL) && (k = sycl_key(name))) {
-                u->rt = KFS_RT_SYCL;
+        if ((f == KRT_AUTO || f == KRT_SYCL) && (k = sycl_key(name))) {
+                u->rt = KRT_SYCL;
                 char n[32], p[64];
                 snprintf(n, sizeof(n), "%.*s", (int)k, name);
                 snprintf(p, sizeof(p), "%s.lock", n);
@@ -358,8 +439,8 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 u->root = dir;
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_TRITON) && (d = ancestor_where(fs, path, 3, is_triton_dir))) {
-                u->rt = KFS_RT_TRITON;
+        if ((f == KRT_AUTO || f == KRT_TRITON) && (d = ancestor_where(fs, path, 3, is_triton_dir))) {
+                u->rt = KRT_TRITON;
                 u->root = d;
                 free(dir);
                 r = add_tree(fs, u, d, 0);
@@ -370,9 +451,9 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 to_front(u, is_grp_json);
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_POCL) && (d = ancestor_where(fs, path, 4, is_pocl_dir))) {
+        if ((f == KRT_AUTO || f == KRT_POCL) && (d = ancestor_where(fs, path, 4, is_pocl_dir))) {
                 free(dir);
-                r = whole_dir_unit(fs, u, KFS_RT_POCL, d, is_program_bc);
+                r = whole_dir_unit(fs, u, KRT_POCL, d, is_program_bc);
                 /* Without program.bc it is a store in flight (busy), unless older than tmp_age: leaked. */
                 struct stat st;
                 if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
@@ -381,23 +462,51 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                         u->busy = true;
                 return r;
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_CUDA) && (d = ancestor_with(fs, dir, "index", 3))) {
+        if ((f == KRT_AUTO || f == KRT_NUMBA) && (k = numba_stem(name))) {
+                u->rt = KRT_NUMBA;
+                u->root = dir;
+                int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+                struct dirent *de;
+                while (r == 0 && dd && (de = readdir(dd)))
+                        if (numba_stem(de->d_name) == k && !strncmp(de->d_name, name, k))
+                                r = add_member(u, dir, de->d_name);
+                if (dd)
+                        closedir(dd);
+                else if (fd >= 0)
+                        close(fd);
+                to_front(u, is_nbi); /* the index first: without it, the function is a clean miss */
+                return r;
+        }
+        if ((f == KRT_AUTO || f == KRT_PYOPENCL) && (d = ancestor_where(fs, path, 1, is_pyopencl_dir))) {
+                free(dir);
+                r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_info); /* without info: a clean miss */
+                char *cache = dir_of(d);
+                u->busy = cache && exists_at(fs, cache, "lock"); /* PyOpenCL writes under it */
+                free(cache);
+                return r;
+        }
+        if ((f == KRT_AUTO || f == KRT_PYOPENCL) && (d = ancestor_where(fs, path, 1, is_pdict_item))) {
+                free(dir);
+                return whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_contents);
+        }
+        if ((f == KRT_AUTO || f == KRT_CUDA) && (d = ancestor_with(fs, dir, "index", 3))) {
                 /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not
                  * it, and neither is Mesa's, whose entries go one by one (below) */
-                if (f == KFS_RT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d))) {
+                if (f == KRT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d))) {
                         free(dir);
-                        return whole_dir_unit(fs, u, KFS_RT_CUDA, d, is_cuda_index);
+                        return whole_dir_unit(fs, u, KRT_CUDA, d, is_cuda_index);
                 }
                 free(d);
         }
-        if ((f == KFS_RT_AUTO || f == KFS_RT_NEO) && (neo_name(name) || f == KFS_RT_NEO)) {
-                u->rt = KFS_RT_NEO;
+        if ((f == KRT_AUTO || f == KRT_NEO) && (neo_name(name) || f == KRT_NEO)) {
+                u->rt = KRT_NEO;
                 u->repair = ancestor_with(fs, dir, KFS_NEO_SIZE_FILE, 2);
                 u->root = dir;
                 return add_member(u, dir, name);
         }
 single:
-        u->rt = KFS_RT_FILE;
+        u->rt = KRT_FILE;
         u->root = dir;
         return add_member(u, dir, name);
 }

@@ -13,6 +13,6 @@ if mountpoint -q "$mnt"; then exit 0; fi
 mkdir -p "$backing" "$mnt"
 "$kcachefs" -o "$opts" "$backing" "$mnt"
 # Per-runtime directories, writable by every user, sticky like /tmp: users cannot remove each other's files.
-for d in neo sycl pocl cuda triton jax kcache; do
+for d in neo sycl pocl cuda triton jax kcache mesa numba ccache inductor cupy torch-extensions xdg; do
   mkdir -p "$mnt/$d" && chmod 1777 "$mnt/$d"
 done

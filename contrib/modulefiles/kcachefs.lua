@@ -1,9 +1,9 @@
--- Lmod module: point every GPU runtime at the node's kcachefs mount, each in its own subdirectory,
+-- Lmod module (what `kcache env` prints, tests/integration/test_contrib.py checks it): point every GPU runtime at the node's kcachefs mount, each in its own subdirectory,
 -- with the runtimes' own size limits off (kcachefs enforces one limit for all).
 -- The mount is set up by the site (systemd unit, fstab or a job prolog); KCACHEFS_MOUNT overrides it.
 help([[kcachefs: a size-limited, LRU-evicted GPU kernel cache shared by every job on this node.]])
 whatis("Name: kcachefs")
-whatis("Description: GPU kernel cache (NEO, SYCL, PoCL, CUDA, Triton, JAX) on a kcachefs mount")
+whatis("Description: GPU kernel and compiler caches (NEO, SYCL, PoCL, CUDA, Triton, JAX, Mesa, Numba, ccache, Inductor, CuPy) on a kcachefs mount")
 
 local mnt = os.getenv("KCACHEFS_MOUNT") or "/var/cache/kcachefs/mnt"
 setenv("KCACHEFS_MOUNT", mnt)
@@ -15,6 +15,16 @@ setenv("SYCL_CACHE_DIR", pathJoin(mnt, "sycl"))
 unsetenv("SYCL_CACHE_MAX_SIZE")
 setenv("POCL_CACHE_DIR", pathJoin(mnt, "pocl"))
 setenv("CUDA_CACHE_PATH", pathJoin(mnt, "cuda"))
+setenv("CUDA_CACHE_MAXSIZE", "4294967296")
 setenv("TRITON_CACHE_DIR", pathJoin(mnt, "triton"))
 setenv("JAX_COMPILATION_CACHE_DIR", pathJoin(mnt, "jax"))
+setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 setenv("KCACHE_DIR", pathJoin(mnt, "kcache"))
+setenv("MESA_SHADER_CACHE_DIR", pathJoin(mnt, "mesa"))
+setenv("MESA_SHADER_CACHE_MAX_SIZE", "64G")
+setenv("NUMBA_CACHE_DIR", pathJoin(mnt, "numba"))
+setenv("CCACHE_DIR", pathJoin(mnt, "ccache"))
+setenv("CCACHE_MAXSIZE", "0")
+setenv("TORCHINDUCTOR_CACHE_DIR", pathJoin(mnt, "inductor"))
+setenv("CUPY_CACHE_DIR", pathJoin(mnt, "cupy"))
+setenv("TORCH_EXTENSIONS_DIR", pathJoin(mnt, "torch-extensions"))

@@ -93,10 +93,17 @@ def test_env_points_runtimes_at_subdirectories(kfs):
     m = kfs()
     out = kcache("env", m.mnt).stdout
     for var in ("NEO_CACHE_DIR", "SYCL_CACHE_PERSISTENT=1", "POCL_CACHE_DIR", "CUDA_CACHE_PATH", "TRITON_CACHE_DIR",
-                "JAX_COMPILATION_CACHE_DIR", "KCACHE_DIR", "NEO_CACHE_MAX_SIZE=0"):
+                "JAX_COMPILATION_CACHE_DIR", "KCACHE_DIR", "NEO_CACHE_MAX_SIZE=0", "MESA_SHADER_CACHE_DIR",
+                "NUMBA_CACHE_DIR", "CCACHE_DIR", "CCACHE_MAXSIZE=0", "TORCHINDUCTOR_CACHE_DIR", "CUPY_CACHE_DIR",
+                "TORCH_EXTENSIONS_DIR"):
         assert var in out
-    for d in ("neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache"):
+    assert "XDG_CACHE_HOME" not in out  # it moves every program's cache: only when asked for by name
+    for d in ("neo", "sycl", "pocl", "cuda", "triton", "jax", "kcache", "mesa", "numba", "ccache", "inductor",
+              "cupy", "torch-extensions"):
         assert os.path.isdir(m.path(d))
+    assert kcache("env", m.mnt, "pyopencl").stdout.strip() == f"export XDG_CACHE_HOME='{m.path('xdg')}'"
+    bad = kcache("env", m.mnt, "nosuch", check=False)
+    assert bad.returncode != 0 and "numba" in bad.stderr  # the error lists the runtimes it knows
     env = subprocess.run(["bash", "-c", f'eval "$({kcache_bin()} env {m.mnt} pocl)"; echo $POCL_CACHE_DIR'],
                          capture_output=True, text=True, check=True).stdout.strip()
     assert env == m.path("pocl")

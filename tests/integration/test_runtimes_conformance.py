@@ -494,8 +494,9 @@ def test_mesa_entries_go_one_by_one_and_its_index_stays(kfs):
     """Mesa's multi-file cache (mesa_shader_cache/index above <2 hex>/<38 hex> entries) is not the CUDA
     driver's (a directory holding a file named index): eviction takes its least recently used entries one
     by one, as Mesa expects (a missing entry is a miss), and never its index, which every GL process
-    mmaps. Taken for CUDA's, the whole cache was one unit: evicted whole, index included."""
-    m = kfs({"max_size": "1M", "grace_ms": "0"})
+    mmaps. Taken for CUDA's, the whole cache was one unit: evicted whole, index included. No background
+    descent (low_watermark=100): what the write evicted is what the test then looks at."""
+    m = kfs({"max_size": "1M", "grace_ms": "0", "low_watermark": "100"})
     root = m.path("mesa", "mesa_shader_cache")
     os.makedirs(root)
     with open(os.path.join(root, "index"), "wb") as f:

@@ -1,0 +1,40 @@
+/* runtimes: what kcachefs knows of each runtime's cache, as data, in one place (runtimes.c).
+ *
+ * The daemon (fs/units.c: recognition and units; fs/evict.c: emptied directories; fs/options.c:
+ * layout=) and kcache (env) read these descriptors; adding a runtime is one entry here, its recognition
+ * and unit in fs/units.c if its layout is not one file per entry, and its tests. What each runtime does
+ * to its directory: ../shared/docs/runtimes.md and docs/design.md. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* The order is the index into krt_table. KRT_AUTO: recognised by layout; KRT_FILE: each file alone. */
+enum krt {
+        KRT_AUTO, KRT_FILE, KRT_NEO, KRT_SYCL, KRT_POCL, KRT_TRITON, KRT_JAX, KRT_CUDA,
+        KRT_KCACHE, KRT_MESA, KRT_NUMBA, KRT_PYOPENCL, KRT_CCACHE, KRT_INDUCTOR, KRT_CUPY, KRT_TORCH_EXT,
+        KRT__COUNT
+};
+
+struct krt_desc {
+        const char *name;          /* in layout= and kcache env */
+        const char *what;          /* for people: the runtime, as its users call it */
+        /* kcache env: the subdirectory of the mount it makes (NULL: none), and the shell line it prints,
+         * where @DIR@ stands for that directory. The runtime's own size limit is turned off or raised
+         * past any cache, so that two evictors never fight. */
+        const char *dir;
+        const char *env;
+        bool env_default;          /* printed by kcache env MOUNT with no runtime named */
+        /* Names never evicted: the runtime's locks, size bookkeeping and settings (NULL-terminated). */
+        const char *const *keep;
+        /* Eviction leaves the directories it empties: the runtime makes a directory long before it stores
+         * in it, or never again (fs/evict.c, EMPTIED DIRECTORIES). */
+        bool keeps_dirs;
+};
+
+extern const struct krt_desc krt_table[KRT__COUNT];
+
+/* The runtime of that name (layout= and kcache env), or -1. */
+int krt_by_name(const char *name);
+/* Whether name (a file's last component) is one of some runtime's keep names, or a lock (*.lock). */
+bool krt_is_kept_name(const char *name);
