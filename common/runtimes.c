@@ -55,10 +55,15 @@ int krt_by_name(const char *name)
         return -1;
 }
 
-bool krt_is_kept_name(const char *name)
+bool krt_is_lock_name(const char *name)
 {
         size_t l = strlen(name);
-        if (l >= 5 && !strcmp(name + l - 5, ".lock"))
+        return !strcmp(name, "lock") || (l >= 5 && !strcmp(name + l - 5, ".lock"));
+}
+
+bool krt_is_kept_name(const char *name)
+{
+        if (krt_is_lock_name(name))
                 return true;
         for (int i = 0; i < KRT__COUNT; i++)
                 for (const char *const *k = krt_table[i].keep; k && *k; k++)

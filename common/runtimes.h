@@ -38,3 +38,5 @@ extern const struct krt_desc krt_table[KRT__COUNT];
 int krt_by_name(const char *name);
 /* Whether name (a file's last component) is one of some runtime's keep names, or a lock (*.lock). */
 bool krt_is_kept_name(const char *name);
+/* Whether name is a lock file's: the bare name lock, or *.lock. */
+bool krt_is_lock_name(const char *name);

@@ -71,9 +71,10 @@ static bool taker_gone(pid_t tid)
         return p && (p[2] == 'Z' || p[2] == 'X');
 }
 
-/* The process a thread belongs to, or 0. */
-static pid_t tgid_of(pid_t tid)
+pid_t kfs_tgid_of(pid_t tid)
 {
+        if (tid <= 0)
+                return 0;
         char path[64], buf[1024];
         snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
         int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -90,13 +91,13 @@ static pid_t tgid_of(pid_t tid)
 
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
 {
-        pid_t want = pid > 0 ? tgid_of(pid) : 0;
+        pid_t want = pid > 0 ? kfs_tgid_of(pid) : 0;
         if (!want)
                 return false;
         bool held = false;
         pthread_mutex_lock(&fs->flock.lock);
         for (struct kfs_flock_holder *h = fs->flock.holders; h && !held; h = h->next)
-                held = h->bino == bino && h->tid > 0 && tgid_of(h->tid) == want;
+                held = h->bino == bino && h->tid > 0 && kfs_tgid_of(h->tid) == want;
         pthread_mutex_unlock(&fs->flock.lock);
         return held;
 }

@@ -482,25 +482,38 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
         struct kfs_inode *up = NULL;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
-        if (in && in->up == dir && !strcmp(in->name, name)) {
+        if (in && in->up == dir && in->name && !strcmp(in->name, name)) {
                 up = in->up;
                 in->up = NULL;
                 free(in->name);
                 in->name = NULL;
                 in->name_lost = st->st_nlink > 1;
-                /* Its last name: it keeps a descriptor (it is about to go, or is open). Another link: it
-                 * reopens by the index's names (reopen_by_index), and holds none meanwhile. */
+        }
+        /* Its last name, whichever it remembered: it keeps a descriptor (it is about to go, or is open),
+         * so that its number cannot go to a new file while the kernel still knows this inode. Another
+         * link: it reopens by the index's names (reopen_by_index), and holds none meanwhile. */
+        if (in && st->st_nlink <= 1) {
                 pthread_mutex_lock(&fs->fdc.lock);
-                if (st->st_nlink <= 1) {
-                        idle_unlink(fs, in); /* no longer reopenable: never closed while idle */
-                        if (in->fd < 0 && (in->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0)
-                                fs->fdc.open++;
-                }
+                idle_unlink(fs, in); /* no longer reopenable: never closed while idle */
+                if (in->fd < 0 && (in->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0)
+                        fs->fdc.open++;
                 pthread_mutex_unlock(&fs->fdc.lock);
         }
         pthread_mutex_unlock(&fs->itable_lock);
         if (up)
                 kfs_inode_unref(fs, up, 1);
+}
+
+/* itable_lock held. A name that leads to the number of an inode whose last name went is a new file's:
+ * the backing filesystem freed the old one and gave its number away (an inode holds no descriptor while
+ * idle, DESCRIPTORS). The old struct lives on, detached, for the kernel's references to it (as an
+ * evicted one does, T4); the caller makes a new one. Without this, the new file took the old one's
+ * struct, marked unlinked, and none of its writes was counted (a row of 0 bytes, under inode_fds). */
+static struct kfs_inode *detach_reused_locked(struct kfs *fs, struct kfs_inode *in)
+{
+        kmap_del(&fs->itable, in->bino);
+        (void)kmap_put(&fs->detached, (uint64_t)(uintptr_t)in, in); /* freed at forget or exit */
+        return NULL;
 }
 
 int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st, int fd,
@@ -510,6 +523,8 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
+        if (in && atomic_load(&in->unlinked))
+                in = detach_reused_locked(fs, in);
         if (in) {
                 in->nlookup++;
                 kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict.c) */
@@ -549,6 +564,8 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
+        if (in && atomic_load(&in->unlinked))
+                in = detach_reused_locked(fs, in);
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */
                 kfs_dir_named(in);

@@ -29,6 +29,7 @@
 #pragma once
 
 #define KFS_NAME_LOCKS 64
+#define KFS_REAPERS 2   /* threads closing evicted files (reap.c) */
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
@@ -123,7 +124,10 @@ struct kfs_inode {
         uint32_t writers;         /* open handles that may write; fs->itable_lock */
         _Atomic bool evicted;     /* eviction removed it: path-based requests get ESTALE (evict.c);
                                      set under fs->itable_lock */
-        bool unlinked;            /* no name left: not accounted any more; lock */
+        pid_t creator;            /* the process that created it through the mount, for a lock file (the name
+                                     lock or *.lock), else 0 (units.c: whose store holds a runtime's lock) */
+        _Atomic bool unlinked;    /* no name left: not accounted any more; set under lock, read anywhere
+                                     (a name found for its number later is a new file's: inode.c) */
         bool bookkeeping;         /* a runtime's size file that eviction rewrites behind the kernel's back
                                      (NEO's config.file, SYCL's cache_size.txt): opened direct_io, so that
                                      no read is served from pages cached before a rewrite; immutable */
@@ -255,8 +259,10 @@ struct kfs {
                 size_t n, cap;          /* lock */
                 uint64_t bytes;         /* the files queued or being closed hold this much; lock */
                 size_t held;            /* fds queued or being closed; lock */
-                bool busy, stop, started; /* lock */
-                pthread_t thread;
+                unsigned busy;          /* threads closing a step now; lock */
+                bool stop;              /* lock */
+                unsigned started;       /* threads running; lock */
+                pthread_t threads[KFS_REAPERS];
         } reap;
 };
 
@@ -424,6 +430,8 @@ void kfs_reap_drain(struct kfs *fs);
 void kfs_reap_stop(struct kfs *fs);
 
 /* flock.c */
+/* The process a thread belongs to (requests carry thread ids), or 0. */
+pid_t kfs_tgid_of(pid_t tid);
 /* Whether a thread of process pid (a thread id, as requests carry) holds a flock on bino through us. */
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 /* Interrupts and waits out the flock() waiters (before the session goes). */

@@ -20,44 +20,41 @@
  * before a write that failed with the backing filesystem's ENOSPC retries, and after an operator's
  * eviction (kcache evict), whose caller may look at df of the backing filesystem next. */
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "kfs.h"
 
-/* Closes in steps of REAP_STEP, giving back each step's bytes and descriptors as it goes, so that a
- * queue being closed takes new files as soon as it has room (an evicting request closes its victims
- * itself only while the queue is full). */
+/* KFS_REAPERS threads close, REAP_STEP files at a time each, giving back each step's bytes and
+ * descriptors as they go, so that the queue takes new files as soon as it has room (an evicting request
+ * closes its victims itself only while the queue is full). Two, because a close waits for the disk (the
+ * discard of the freed blocks) more than it computes, so two closing at once drain the queue faster. */
 #define REAP_STEP 32
 
 static void *reaper_main(void *arg)
 {
         struct kfs *fs = arg;
+        struct kfs_reap_item batch[REAP_STEP];
         pthread_mutex_lock(&fs->reap.lock);
         for (;;) {
                 while (fs->reap.n == 0 && !fs->reap.stop)
                         pthread_cond_wait(&fs->reap.cond, &fs->reap.lock);
                 if (fs->reap.n == 0)
                         break; /* stopping, and nothing is left */
-                struct kfs_reap_item *q = fs->reap.q;
-                size_t n = fs->reap.n;
-                fs->reap.q = NULL;
-                fs->reap.n = fs->reap.cap = 0;
-                fs->reap.busy = true;
-                for (size_t i = 0; i < n;) {
-                        pthread_mutex_unlock(&fs->reap.lock);
-                        size_t end = i + REAP_STEP < n ? i + REAP_STEP : n;
-                        uint64_t bytes = 0;
-                        for (size_t k = i; k < end; k++) {
-                                close(q[k].fd);
-                                bytes += q[k].bytes;
-                        }
-                        pthread_mutex_lock(&fs->reap.lock);
-                        fs->reap.bytes -= bytes;
-                        fs->reap.held -= end - i;
-                        i = end;
+                size_t k = fs->reap.n < REAP_STEP ? fs->reap.n : REAP_STEP;
+                fs->reap.n -= k; /* from the end: the order of the closes does not matter */
+                memcpy(batch, fs->reap.q + fs->reap.n, k * sizeof(*batch));
+                fs->reap.busy++;
+                pthread_mutex_unlock(&fs->reap.lock);
+                uint64_t bytes = 0;
+                for (size_t i = 0; i < k; i++) {
+                        close(batch[i].fd);
+                        bytes += batch[i].bytes;
                 }
-                free(q);
-                fs->reap.busy = false;
+                pthread_mutex_lock(&fs->reap.lock);
+                fs->reap.bytes -= bytes;
+                fs->reap.held -= k;
+                fs->reap.busy--;
                 pthread_cond_broadcast(&fs->reap.cond);
         }
         pthread_mutex_unlock(&fs->reap.lock);
@@ -82,8 +79,9 @@ void kfs_reap(struct kfs *fs, int fd, uint64_t bytes)
                 close(fd);
                 return;
         }
-        if (!fs->reap.started && !fs->reap.stop)
-                fs->reap.started = pthread_create(&fs->reap.thread, NULL, reaper_main, fs) == 0;
+        while (fs->reap.started < KFS_REAPERS && !fs->reap.stop &&
+               pthread_create(&fs->reap.threads[fs->reap.started], NULL, reaper_main, fs) == 0)
+                fs->reap.started++;
         bool queued = false;
         if (fs->reap.started && !fs->reap.stop) {
                 if (fs->reap.n == fs->reap.cap) {
@@ -119,12 +117,12 @@ void kfs_reap_stop(struct kfs *fs)
 {
         pthread_mutex_lock(&fs->reap.lock);
         fs->reap.stop = true;
-        bool started = fs->reap.started;
+        unsigned started = fs->reap.started;
         pthread_cond_broadcast(&fs->reap.cond);
         pthread_mutex_unlock(&fs->reap.lock);
-        if (started)
-                pthread_join(fs->reap.thread, NULL); /* after it has closed everything queued */
-        fs->reap.started = false;
+        for (unsigned i = 0; i < started; i++)
+                pthread_join(fs->reap.threads[i], NULL); /* after they have closed everything queued */
+        fs->reap.started = 0;
         free(fs->reap.q);
         fs->reap.q = NULL;
 }

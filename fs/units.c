@@ -354,6 +354,27 @@ static const char *up_name(const char *d, int levels, char *buf, size_t size)
         return buf;
 }
 
+/* Whether dir/name, a lock file a runtime makes with O_EXCL and holds while it reads or writes its cache,
+ * exists and is not the lock of the process whose write this eviction makes room for (kfs_writer): that
+ * process is inside its own store, and no other is inside the cache. Without that exception, a store
+ * that needs room could evict none of its runtime's entries (CI's ASan pass: PyOpenCL's write of a binary
+ * failed with ENOSPC while its lock made every other entry busy). */
+static bool lock_held_by_other(struct kfs *fs, const char *dir, const char *name)
+{
+        char p[PATH_MAX];
+        struct stat st;
+        if (snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name) >= (int)sizeof(p) ||
+            fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                return false; /* no lock: nobody is inside */
+        if (!kfs_writer)
+                return true;
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
+        pid_t creator = in ? in->creator : 0;
+        pthread_mutex_unlock(&fs->itable_lock);
+        return !creator || creator != kfs_tgid_of(kfs_writer);
+}
+
 /* PyOpenCL's compiler cache: <cache>/pyopencl-compiler-cache-v2-py<ver>/<32 hex md5>/{info,binary,source.cl},
  * written in place under the cache's one lock file (lock, O_CREAT|O_EXCL). */
 static bool is_pyopencl_dir(struct kfs *fs, const char *d, const char *path)
@@ -482,7 +503,7 @@ int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
                 free(dir);
                 r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_info); /* without info: a clean miss */
                 char *cache = dir_of(d);
-                u->busy = cache && exists_at(fs, cache, "lock"); /* PyOpenCL writes under it */
+                u->busy = cache && lock_held_by_other(fs, cache, "lock"); /* PyOpenCL reads and writes under it */
                 free(cache);
                 return r;
         }
