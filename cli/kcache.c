@@ -360,15 +360,15 @@ static int kc_duration(const char *s, double *ret)
 }
 
 struct kc_job {
-        const char *mount, *value;
+        const char *mount, *attr, *value;
         int result;
         volatile int done;
 };
 
-static void *kc_evict_thread(void *arg)
+static void *kc_set_thread(void *arg)
 {
         struct kc_job *j = arg;
-        j->result = kc_set(j->mount, "evict", j->value);
+        j->result = kc_set(j->mount, j->attr, j->value);
         j->done = 1;
         return NULL;
 }
@@ -376,9 +376,9 @@ static void *kc_evict_thread(void *arg)
 /* Runs one eviction request; on a terminal, shows its progress from the daemon's counters meanwhile. */
 static int kc_evict_with_progress(const char *mount, const char *value)
 {
-        struct kc_job j = { mount, value, 0, 0 };
+        struct kc_job j = { mount, "evict", value, 0, 0 };
         pthread_t t;
-        if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_evict_thread, &j) != 0)
+        if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_set_thread, &j) != 0)
                 return kc_set(mount, "evict", value);
         uint64_t f0 = kc_num(mount, "evicted_files"), b0 = kc_num(mount, "evicted_bytes");
         bool shown = false;
@@ -582,6 +582,30 @@ static long kc_compare(const char *mount, bool quiet)
         return diff;
 }
 
+/* The daemon's reconcile (a rescan of the backing tree); on a terminal, the time it has taken so far. */
+static int kc_repair_with_progress(const char *mount)
+{
+        struct kc_job j = { mount, "reconcile", "1", 0, 0 };
+        pthread_t t;
+        if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_set_thread, &j) != 0)
+                return kc_set(mount, "reconcile", "1");
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        fprintf(stderr, "kcache: repairing: rescanning the backing directory");
+        while (!j.done) {
+                struct timespec ts = { 0, 200 * 1000 * 1000 };
+                nanosleep(&ts, NULL);
+                if (j.done)
+                        break;
+                clock_gettime(CLOCK_MONOTONIC, &now);
+                fprintf(stderr, "\rkcache: repairing: rescanning the backing directory, %ld s",
+                        (long)(now.tv_sec - t0.tv_sec));
+        }
+        pthread_join(t, NULL);
+        fputc('\n', stderr);
+        return j.result;
+}
+
 static int kc_verify(int argc, char **argv)
 {
         bool repair = false;
@@ -606,7 +630,7 @@ static int kc_verify(int argc, char **argv)
         printf("%s: %ld difference%s\n", mount, d, d == 1 ? "" : "s");
         if (!repair)
                 return 1;
-        int r = kc_set(mount, "reconcile", "1");
+        int r = kc_repair_with_progress(mount);
         if (r < 0)
                 return kc_fail("%s: repair failed: %s%s", mount, strerror(-r), kc_perm_hint(r));
         d = kc_compare(mount, true);

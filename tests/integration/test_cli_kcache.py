@@ -155,3 +155,50 @@ def test_only_the_owner_or_root_may_act(kfs):
     assert p.returncode == 1
     assert os.listdir(m.mnt) == ["x"]
     assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == b"0"
+
+
+def on_a_terminal(cmd):
+    """Runs cmd with its stdout and stderr on a pseudo-terminal; returns (status, what it wrote)."""
+    import pty
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execv(cmd[0], cmd)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def test_long_operations_show_progress_on_a_terminal_and_not_on_a_pipe(kfs):
+    """kcache verify (its scan of the tree), verify --repair (the daemon's rescan) and evict --to (many
+    files) say how far they are on a terminal, and print only their result on a pipe."""
+    m = kfs({"max_size": "1G"}, tmpfs_size="512m")
+    for d in range(30):
+        os.mkdir(m.path(f"d{d}"))
+        for i in range(1000):
+            with open(m.path(f"d{d}", f"f{i}"), "wb") as f:
+                f.write(b"x")
+    kc = kcache_bin()
+    rc, out = on_a_terminal([kc, "verify", m.mnt])
+    assert rc == 0 and "kcache: scanning" in out and "matches" in out, out
+    rc, out = on_a_terminal([kc, "verify", "--repair", m.mnt])
+    assert rc == 0, out  # no difference: nothing to repair, and no progress either
+    with open(os.path.join(m.backing, "behind-its-back"), "wb") as f:  # a difference to repair
+        f.write(b"y")
+    rc, out = on_a_terminal([kc, "verify", "--repair", m.mnt])
+    assert rc == 0 and "kcache: repairing" in out and "repaired" in out, out
+    rc, out = on_a_terminal([kc, "evict", m.mnt, "--to", "0"])
+    assert rc == 0 and "kcache: evicting" in out and "evicted" in out, out
+    for d in range(30):  # again, on a pipe
+        with open(m.path(f"d{d}", "again"), "wb") as f:
+            f.write(b"z")
+    piped = subprocess.run([kc, "verify", m.mnt], capture_output=True, text=True)
+    assert piped.returncode == 0 and "kcache:" not in piped.stderr + piped.stdout, piped
