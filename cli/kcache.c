@@ -373,29 +373,47 @@ static void *kc_set_thread(void *arg)
         return NULL;
 }
 
-/* Runs one eviction request; on a terminal, shows its progress from the daemon's counters meanwhile. */
-static int kc_evict_with_progress(const char *mount, const char *value)
+/* Sets attr to value on the mount: one request, which the daemon answers when the work is done. On a
+ * terminal, show is called at the start (tick 0) and every 200 ms meanwhile, and says whether it printed. */
+static int kc_set_watched(const char *mount, const char *attr, const char *value,
+                          bool (*show)(const char *mount, void *state, unsigned tick), void *state)
 {
-        struct kc_job j = { mount, "evict", value, 0, 0 };
+        struct kc_job j = { mount, attr, value, 0, 0 };
         pthread_t t;
         if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_set_thread, &j) != 0)
-                return kc_set(mount, "evict", value);
-        uint64_t f0 = kc_num(mount, "evicted_files"), b0 = kc_num(mount, "evicted_bytes");
-        bool shown = false;
-        while (!j.done) {
+                return kc_set(mount, attr, value);
+        bool shown = show(mount, state, 0);
+        for (unsigned tick = 1; !j.done; tick++) {
                 struct timespec ts = { 0, 200 * 1000 * 1000 };
                 nanosleep(&ts, NULL);
-                if (j.done)
-                        break;
-                char h[32];
-                kc_human(kc_num(mount, "evicted_bytes") - b0, h, sizeof(h));
-                fprintf(stderr, "\rkcache: evicting: %" PRIu64 " files, %s so far", kc_num(mount, "evicted_files") - f0, h);
-                shown = true;
+                if (!j.done)
+                        shown |= show(mount, state, tick);
         }
         pthread_join(t, NULL);
         if (shown)
                 fputc('\n', stderr);
         return j.result;
+}
+
+/* An eviction's progress, from the daemon's counters. */
+static bool kc_show_evicting(const char *mount, void *state, unsigned tick)
+{
+        uint64_t *base = state; /* evicted files and bytes at the start */
+        if (tick == 0) {
+                base[0] = kc_num(mount, "evicted_files");
+                base[1] = kc_num(mount, "evicted_bytes");
+                return false;
+        }
+        char h[32];
+        kc_human(kc_num(mount, "evicted_bytes") - base[1], h, sizeof(h));
+        fprintf(stderr, "\rkcache: evicting: %" PRIu64 " files, %s so far", kc_num(mount, "evicted_files") - base[0], h);
+        return true;
+}
+
+static int kc_evict_with_progress(const char *mount, const char *value)
+{
+        uint64_t base[2];
+        return kc_set_watched(mount, "evict", value, kc_show_evicting, base);
 }
 
 static int kc_evict(int argc, char **argv)
@@ -582,28 +600,20 @@ static long kc_compare(const char *mount, bool quiet)
         return diff;
 }
 
-/* The daemon's reconcile (a rescan of the backing tree); on a terminal, the time it has taken so far. */
+/* The daemon's reconcile (a rescan of the backing tree): the time it has taken so far. */
+static bool kc_show_repairing(const char *mount, void *state, unsigned tick)
+{
+        (void)mount;
+        (void)state;
+        fprintf(stderr, "\rkcache: repairing: rescanning the backing directory");
+        if (tick)
+                fprintf(stderr, ", %u s", tick / 5);
+        return true;
+}
+
 static int kc_repair_with_progress(const char *mount)
 {
-        struct kc_job j = { mount, "reconcile", "1", 0, 0 };
-        pthread_t t;
-        if (!isatty(STDERR_FILENO) || pthread_create(&t, NULL, kc_set_thread, &j) != 0)
-                return kc_set(mount, "reconcile", "1");
-        struct timespec t0, now;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        fprintf(stderr, "kcache: repairing: rescanning the backing directory");
-        while (!j.done) {
-                struct timespec ts = { 0, 200 * 1000 * 1000 };
-                nanosleep(&ts, NULL);
-                if (j.done)
-                        break;
-                clock_gettime(CLOCK_MONOTONIC, &now);
-                fprintf(stderr, "\rkcache: repairing: rescanning the backing directory, %ld s",
-                        (long)(now.tv_sec - t0.tv_sec));
-        }
-        pthread_join(t, NULL);
-        fputc('\n', stderr);
-        return j.result;
+        return kc_set_watched(mount, "reconcile", "1", kc_show_repairing, NULL);
 }
 
 static int kc_verify(int argc, char **argv)

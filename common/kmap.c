@@ -73,14 +73,6 @@ static int grow(kmap *m)
         return resize(m, m->cap ? m->cap * 2 : 64);
 }
 
-int kmap_reserve(kmap *m, size_t n)
-{
-        size_t cap = m->cap ? m->cap : 64;
-        while (n * 10 > cap * 7)
-                cap *= 2;
-        return cap > m->cap ? resize(m, cap) : 0;
-}
-
 int kmap_put(kmap *m, uint64_t key, void *val)
 {
         if ((m->count + 1) * 10 > m->cap * 7) {

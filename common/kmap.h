@@ -21,9 +21,6 @@ void kmap_free(kmap *m); /* frees the table, not the values */
 void *kmap_get(const kmap *m, uint64_t key);
 /* 0 on success, -ENOMEM. Replaces an existing value. */
 int kmap_put(kmap *m, uint64_t key, void *val);
-/* Makes room for n keys at once (no doubling, and no old table beside the new one, while they go in).
- * 0 on success, -ENOMEM. */
-int kmap_reserve(kmap *m, size_t n);
 /* Returns the removed value, or NULL. */
 void *kmap_del(kmap *m, uint64_t key);
 /* Iteration: for (size_t i = 0; kmap_next(m, &i, &k, &v); ) ... ; no insert or delete meanwhile. */

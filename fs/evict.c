@@ -159,8 +159,6 @@ struct victims {
         struct vunit *u;
         size_t nu;
         uint64_t bytes;
-        char **emptied;  /* directories that lost a file, each once, pruned after the batch */
-        size_t nemptied;
 };
 
 /* A bookkeeping repair still to do (the runtime held its lock last time). */
@@ -250,9 +248,6 @@ static void free_victims(struct victims *vs)
                 free_names(vs->v[i].names, vs->v[i].nnames);
         for (size_t i = 0; i < vs->nu; i++)
                 free(vs->u[i].repair);
-        for (size_t i = 0; i < vs->nemptied; i++)
-                free(vs->emptied[i]);
-        free(vs->emptied);
         free(vs->v);
         free(vs->u);
         memset(vs, 0, sizeof(*vs));
@@ -826,25 +821,6 @@ static void prune_due(struct kfs *fs, struct notify_list *nl)
         free(due);
 }
 
-/* The directory of path (relative to the backing root) lost a file: it is looked at once after the
- * batch (prune_emptied), however many of its files went. */
-static void note_emptied(struct victims *vs, const char *path)
-{
-        const char *slash = strrchr(path, '/');
-        if (!slash)
-                return;
-        size_t len = (size_t)(slash - path);
-        for (size_t i = vs->nemptied; i-- > 0;)
-                if (!strncmp(vs->emptied[i], path, len) && !vs->emptied[i][len])
-                        return;
-        char **n = realloc(vs->emptied, (vs->nemptied + 1) * sizeof(*n));
-        if (!n)
-                return;
-        vs->emptied = n;
-        if ((n[vs->nemptied] = strndup(path, len)))
-                vs->nemptied++;
-}
-
 static void prune_lost(struct kfs *fs, struct notify_list *nl);
 
 /* evict_lock held. After an eviction inside a write: the directories it emptied are looked at by the
@@ -886,28 +862,33 @@ static void prune_lost(struct kfs *fs, struct notify_list *nl)
         kmap_init(&fs->prune.lost_at);
 }
 
-/* evict_lock held. The batch's directories that lost files join those of the eviction it is part of,
- * each once: a descent of 12,000 victims in 1,000 directories looks at 1,000, when it ends (or every
- * PRUNE_LOST_MAX of them). A directory that still holds a file costs one read of its first entries. */
+/* evict_lock held. The directory of path (relative to the backing root) lost a file: it joins those of
+ * this eviction, each once, looked at when the eviction ends (or every PRUNE_LOST_MAX of them): a descent
+ * of 12,000 victims in 1,000 directories looks at 1,000. A directory that still holds a file costs one
+ * read of its first entries. */
 #define PRUNE_LOST_MAX 1024
-static void prune_emptied(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+static void note_emptied(struct kfs *fs, const char *path, struct notify_list *nl)
 {
-        for (size_t i = 0; i < vs->nemptied; i++) {
-                uint64_t h = path_hash(vs->emptied[i]);
-                uintptr_t at = (uintptr_t)kmap_get(&fs->prune.lost_at, h);
-                if (at && !strcmp(fs->prune.lost[at - 1], vs->emptied[i]))
-                        continue;
-                char **n = realloc(fs->prune.lost, (fs->prune.nlost + 1) * sizeof(*n));
-                if (!n) {
-                        prune_dir(fs, vs->emptied[i], nl); /* now, then */
-                        continue;
-                }
-                fs->prune.lost = n;
-                n[fs->prune.nlost++] = vs->emptied[i];
-                vs->emptied[i] = NULL; /* now fs's */
-                if (!at)
-                        (void)kmap_put(&fs->prune.lost_at, h, (void *)(uintptr_t)fs->prune.nlost);
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? strndup(path, (size_t)(slash - path)) : NULL;
+        if (!dir)
+                return;
+        uint64_t h = path_hash(dir);
+        uintptr_t at = (uintptr_t)kmap_get(&fs->prune.lost_at, h);
+        if (at && !strcmp(fs->prune.lost[at - 1], dir)) {
+                free(dir); /* noted already */
+                return;
         }
+        char **n = realloc(fs->prune.lost, (fs->prune.nlost + 1) * sizeof(*n));
+        if (!n) {
+                prune_dir(fs, dir, nl); /* now, then */
+                free(dir);
+                return;
+        }
+        fs->prune.lost = n;
+        n[fs->prune.nlost++] = dir;
+        if (!at)
+                (void)kmap_put(&fs->prune.lost_at, h, (void *)(uintptr_t)fs->prune.nlost);
         if (fs->prune.nlost >= PRUNE_LOST_MAX)
                 prune_lost(fs, nl);
 }
@@ -1025,7 +1006,7 @@ static uint64_t evict_unit(struct kfs *fs, struct dircache *dc, struct victims *
                 freed += v->has_row ? kidx_evicted_row(fs->idx, &v->row, path, now) : kidx_evicted(fs->idx, v->ino, path, now);
                 for (size_t i = 0; prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
                         if (v->names[i].removed && v->names[i].path)
-                                note_emptied(vs, v->names[i].path);
+                                note_emptied(fs, v->names[i].path, nl);
                 if (u->rt == KRT_PYOPENCL && k + 1 == u->count && v->nnames && v->names[0].path) {
                         /* The unit is its directory: PyOpenCL and pytools never store into an existing
                          * one (a key directory without its info is a warning and a reset; an item
@@ -1383,7 +1364,6 @@ static int64_t evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint
         }
         if (freed >= 0)
                 repair_all(fs, &vs, nl);
-        prune_emptied(fs, &vs, nl);
         prune_due(fs, nl);
         free_victims(&vs);
         dircache_free(&dc);
@@ -1801,7 +1781,6 @@ int kfs_evict_ino(struct kfs *fs, uint64_t ino)
         if (r == 0) {
                 r = evict_unit(fs, &dc, &vs, &vs.u[0], &nl, false) || vs.bytes == 0 ? 0 : -EBUSY;
                 repair_all(fs, &vs, &nl);
-                prune_emptied(fs, &vs, &nl);
                 prune_lost(fs, &nl);
         }
         pthread_mutex_unlock(&fs->evict_lock);
