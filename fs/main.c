@@ -245,14 +245,18 @@ static void sd_notify(const char *state)
         close(fd);
 }
 
-/* From the end of serving until exit, the lock file says so (see take_index_lock). */
-static void mark_stopping(int lock_fd)
+/* The index lock file says who holds the index and how far it is (see take_index_lock): "PID\n" while
+ * it starts, "PID mounted\nMOUNTPOINT\n" while it serves, "PID stopping\n" from the end of serving until
+ * exit. Written over the old text, then cut, so that a reader sees one line or the other whole. */
+static void mark_lock(int lock_fd, const char *state, const char *mnt)
 {
-        char line[64];
-        int n = snprintf(line, sizeof(line), "%ld stopping\n", (long)getpid());
-        if (lock_fd >= 0 && pwrite(lock_fd, line, (size_t)n, 0) < 0) {
-                /* a remount then fails at once, as it always did */
-        }
+        char line[PATH_MAX + 64];
+        int n = snprintf(line, sizeof(line), "%ld %s\n%s%s", (long)getpid(), state, mnt ? mnt : "", mnt ? "\n" : "");
+        if (lock_fd < 0 || n < 0 || (size_t)n >= sizeof(line))
+                return;
+        if (pwrite(lock_fd, line, (size_t)n, 0) == n && ftruncate(lock_fd, n) == 0)
+                return;
+        /* not said: a remount then fails at once, as it always did */
 }
 
 /* libfuse's own -o options, checked before anything is made: a session is made and thrown away (it
@@ -272,22 +276,23 @@ static int check_fuse_opts(struct fuse_args *args)
         return 0;
 }
 
-/* A mount point that has a mount already would hide it: refused (mountinfo, which names it exactly). */
-static int check_not_mounted(const char *mnt)
+/* Whether the mount table MOUNTINFO (a /proc/.../mountinfo) has a mount on MNT: 1 (its type in TYPE),
+ * 0, or -errno when it cannot be read. Mount points are written with octal escapes. */
+static int mount_at(const char *mountinfo, const char *mnt, char *type, size_t type_len)
 {
-        FILE *f = fopen("/proc/self/mountinfo", "r");
+        FILE *f = fopen(mountinfo, "r");
         if (!f)
-                return 0;
+                return -errno;
         char line[8192];
-        int r = 0;
-        while (!r && fgets(line, sizeof(line), f)) {
-                char point[PATH_MAX], type[256] = "?";
-                /* id parent major:minor root MOUNTPOINT options ... - TYPE source ... (octal escapes) */
+        int found = 0;
+        while (!found && fgets(line, sizeof(line), f)) {
+                char point[PATH_MAX], t[256] = "?";
+                /* id parent major:minor root MOUNTPOINT options ... - TYPE source ... */
                 if (sscanf(line, "%*s %*s %*s %*s %4095s", point) != 1)
                         continue;
                 char *dash = strstr(line, " - ");
                 if (dash)
-                        sscanf(dash + 3, "%255s", type);
+                        sscanf(dash + 3, "%255s", t);
                 char un[PATH_MAX];
                 size_t j = 0;
                 for (size_t i = 0; point[i] && j + 1 < sizeof(un); i++) {
@@ -299,12 +304,38 @@ static int check_not_mounted(const char *mnt)
                         }
                 }
                 un[j] = '\0';
-                if (!strcmp(un, mnt))
-                        r = fail("the mount point '%s' has a mount already (%s): unmount it first, or choose another",
-                                 mnt, type);
+                if (!strcmp(un, mnt)) {
+                        found = 1;
+                        snprintf(type, type_len, "%s", t);
+                }
         }
         fclose(f);
-        return r;
+        return found;
+}
+
+/* A mount point that has a mount already would hide it: refused (mountinfo, which names it exactly). */
+static int check_not_mounted(const char *mnt)
+{
+        char type[256];
+        if (mount_at("/proc/self/mountinfo", mnt, type, sizeof(type)) == 1)
+                return fail("the mount point '%s' has a mount already (%s): unmount it first, or choose another",
+                            mnt, type);
+        return 0;
+}
+
+/* Whether the daemon whose lock text is LOCK has stopped serving: it said so, or it said it was mounted
+ * and its mount is gone from its own mount table (fusermount3 -u returns before the daemon notices). */
+static bool holder_stopping(const char *lock)
+{
+        if (strstr(lock, " stopping\n"))
+                return true;
+        const char *nl = strchr(lock, '\n');
+        if (!strstr(lock, " mounted\n") || !nl)
+                return false;
+        char mnt[PATH_MAX], type[256], path[64];
+        snprintf(mnt, sizeof(mnt), "%.*s", (int)strcspn(nl + 1, "\n"), nl + 1);
+        snprintf(path, sizeof(path), "/proc/%ld/mountinfo", strtol(lock, NULL, 10));
+        return *mnt && mount_at(path, mnt, type, sizeof(type)) == 0;
 }
 
 /* Creates the default metadata directory and takes the index lock. Returns the lock fd. */
@@ -331,14 +362,15 @@ static int take_index_lock(struct kfs_opts *o, int *ret_fd)
         int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (fd < 0)
                 return fail("cannot write the index at '%s': %s", o->index_path, strerror(errno));
-        /* A daemon that is stopping (unmounted, flushing its index) says so in the lock file: a remount
-         * right after fusermount3 -u waits for it, bounded, instead of failing 1 time in 10. */
+        /* A remount right after fusermount3 -u waits, bounded, for the daemon that is stopping (unmounted,
+         * flushing its index) instead of failing 1 time in 10: that daemon says so in the lock file, or,
+         * before it has noticed, its mount is gone from its mount table (holder_stopping). */
         int waited_ms = 0;
         while (flock(fd, LOCK_EX | LOCK_NB) < 0) {
-                char pid[64] = "";
+                char pid[PATH_MAX + 64] = "";
                 ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
                 pid[n > 0 ? n : 0] = '\0';
-                bool stopping = strstr(pid, "stopping") != NULL;
+                bool stopping = holder_stopping(pid);
                 pid[strcspn(pid, " \n")] = '\0';
                 if (stopping && waited_ms < LOCK_WAIT_MS) {
                         if (waited_ms == 1000)
@@ -356,7 +388,7 @@ static int take_index_lock(struct kfs_opts *o, int *ret_fd)
         }
         char pid[32];
         int n = snprintf(pid, sizeof(pid), "%ld\n", (long)getpid());
-        if (ftruncate(fd, 0) < 0 || pwrite(fd, pid, (size_t)n, 0) < 0)
+        if (pwrite(fd, pid, (size_t)n, 0) < 0 || ftruncate(fd, n) < 0)
                 return fail("cannot write the index lock '%s': %s", lock, strerror(errno));
         *ret_fd = fd;
         return 0;
@@ -574,6 +606,7 @@ int main(int argc, char *argv[])
         kfs_ring_prepare(&fs);
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
+        mark_lock(lock_fd, "mounted", fs.o.mountpoint);
         kfs_pt_setup(&fs);
         kfs_dev_setup(&fs);
         if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0) {
@@ -614,7 +647,7 @@ int main(int argc, char *argv[])
                 fuse_loop_cfg_destroy(lc);
         }
         ret = ret < 0 ? 1 : 0;
-        mark_stopping(lock_fd);
+        mark_lock(lock_fd, "stopping", NULL);
         sd_notify("STOPPING=1");
 out_unmount:
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */

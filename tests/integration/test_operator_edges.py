@@ -2,6 +2,7 @@
 bad options, a remount right after an unmount, a missing mount point, and where a detached daemon's
 messages go."""
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -75,6 +76,37 @@ def test_a_remount_right_after_an_unmount_waits_for_the_old_daemon(kfs):
         wait_for(lambda: os.path.ismount(m.mnt), what="mount")
         assert "did not stop cleanly" not in p.stderr, p.stderr
     assert sorted(os.listdir(m.mnt)) == sorted(f"f{r}" for r in range(20))
+
+
+def test_a_remount_waits_for_a_daemon_that_has_not_yet_noticed_its_unmount(kfs):
+    """fusermount3 -u returns before the daemon notices: until it does, its lock file still says it is
+    serving. Held still with SIGSTOP, the old daemon is in that window for as long as the test likes; the
+    new one must see that the old one's mount is gone and wait, not call the index in use."""
+    m = kfs({"max_size": "64M"})
+    with open(m.path("f"), "wb") as f:
+        f.write(os.urandom(300000))
+    old = m.pid()
+    os.kill(old, signal.SIGSTOP)
+    try:
+        subprocess.run(["fusermount3", "-u", m.mnt], check=True, timeout=30)
+        new = subprocess.Popen(m.args(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        assert new.poll() is None, f"the new daemon did not wait: {new.communicate()[1]}"
+    finally:
+        os.kill(old, signal.SIGCONT)
+    _, err = new.communicate(timeout=60)
+    assert new.returncode == 0, err
+    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
+    assert m.pid() != old
+    assert os.listdir(m.mnt) == ["f"]
+
+    # A daemon that still serves its mount is another matter: the second one is refused at once.
+    other = os.path.join(os.path.dirname(m.mnt), "other-mnt")
+    os.makedirs(other)
+    t0 = time.monotonic()
+    p = subprocess.run(m.args()[:-1] + [other], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "is in use by another kcachefs" in p.stderr, p.stderr
+    assert time.monotonic() - t0 < 5
 
 
 @pytest.mark.skipif(os.path.exists("/dev/log"), reason="a syslog daemon runs here: its log is not ours to read")
