@@ -1,8 +1,8 @@
 /* runtimes: what kcachefs knows of each runtime's cache, as data, in one place (runtimes.c).
  *
- * The daemon (fs/units.c: recognition and units; fs/evict.c: emptied directories; fs/options.c:
+ * The daemon (fs/evict/units.c: recognition and units; fs/evict/prune.c: emptied directories; fs/options.c:
  * layout=) and kcache (env) read these descriptors; adding a runtime is one entry here, its recognition
- * and unit in fs/units.c if its layout is not one file per entry, and its tests. What each runtime does
+ * and unit in fs/evict/units.c if its layout is not one file per entry, and its tests. What each runtime does
  * to its directory: ../shared/docs/runtimes.md and docs/design.md. */
 #pragma once
 
@@ -28,7 +28,7 @@ struct krt_desc {
         /* Names never evicted: the runtime's locks, size bookkeeping and settings (NULL-terminated). */
         const char *const *keep;
         /* Eviction leaves the directories it empties: the runtime makes a directory long before it stores
-         * in it, or never again (fs/evict.c, EMPTIED DIRECTORIES). */
+         * in it, or never again (fs/evict/prune.c, EMPTIED DIRECTORIES). */
         bool keeps_dirs;
 };
 

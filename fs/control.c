@@ -7,9 +7,9 @@
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
  *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
  *                      "/dev/fuse" with why), ring_requests, helped_writes (writes granted room by
- *                      another request's eviction, evict.c HELPING), blocked_writes (writes that
+ *                      another request's eviction, evict/evict.h HELPING), blocked_writes (writes that
  *                      found no room and waited for an eviction), background_evictions (descents to
- *                      the low watermark run ahead of the writes, evict.c HOW FAR), index_bytes
+ *                      the low watermark run ahead of the writes, evict/evict.h HOW FAR), index_bytes
  *                      (the index's database and WAL on disk), wal_bytes (the WAL alone), stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
@@ -45,6 +45,8 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
 {
         struct kidx_stats s;
         kidx_get_stats(fs->idx, &s);
+        struct kev_counts ec;
+        kev_counts(fs, &ec);
         uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0;
         char why[200], how[200];
         return snprintf(buf, size,
@@ -61,8 +63,8 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
                         fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
                         kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
-                        (uint64_t)atomic_load(&fs->helped_writes), (uint64_t)atomic_load(&fs->blocked_writes),
-                        (uint64_t)atomic_load(&fs->descent.runs), s.db_bytes + s.wal_bytes, s.wal_bytes,
+                        ec.helped_writes, ec.blocked_writes,
+                        ec.descents, s.db_bytes + s.wal_bytes, s.wal_bytes,
                         kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens));
 }
 
@@ -70,6 +72,8 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
 {
         struct kidx_stats s;
         kidx_get_stats(fs->idx, &s);
+        struct kev_counts ec;
+        kev_counts(fs, &ec);
         uint64_t max = fs->o.max_size;
         if (!strcmp(n, "stats"))
                 return stats_json(fs, buf, size);
@@ -89,9 +93,9 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "evicted_bytes", s.evicted_bytes }, { "rebuilds", s.rebuilds },
                 { "passthrough_opens", atomic_load(&fs->pt.opens) },
                 { "ring_requests", atomic_load(&fs->ring_requests) },
-                { "helped_writes", atomic_load(&fs->helped_writes) },
-                { "blocked_writes", atomic_load(&fs->blocked_writes) },
-                { "background_evictions", atomic_load(&fs->descent.runs) },
+                { "helped_writes", ec.helped_writes },
+                { "blocked_writes", ec.blocked_writes },
+                { "background_evictions", ec.descents },
                 { "index_bytes", s.db_bytes + s.wal_bytes }, { "wal_bytes", s.wal_bytes },
                 { "inode_fds", kfs_inode_fds_open(fs) }, { "fd_reopens", atomic_load(&fs->fdc.reopens) },
         };
@@ -127,7 +131,7 @@ static int file_value(struct kfs *fs, struct kfs_inode *in, const char *n, char 
         if (!strcmp(n, "seq"))
                 return snprintf(buf, size, "%" PRIu64, f.seq);
         if (!strcmp(n, "pinned"))
-                return snprintf(buf, size, "%d", f.pinned || kfs_inode_pinned_by_pattern(fs, in) ? 1 : 0);
+                return snprintf(buf, size, "%d", f.pinned || kev_pinned_by_pattern(fs, in) ? 1 : 0);
         return -ENODATA;
 }
 
@@ -202,17 +206,17 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 if (!strncmp(v, "to=", 3)) {
                         if (kfs_parse_size(v + 3, &x) < 0 && strcmp(v + 3, "0"))
                                 return -EINVAL;
-                        r = kfs_evict_to(fs, strcmp(v + 3, "0") ? x : 0, false); /* explicit: no grace */
+                        r = kev_evict_to(fs, strcmp(v + 3, "0") ? x : 0, false); /* explicit: no grace */
                 } else if (!strncmp(v, "older=", 6)) {
                         char *end;
                         double secs = strtod(v + 6, &end);
                         if (end == v + 6 || *end || secs < 0)
                                 return -EINVAL;
-                        r = kfs_evict_older(fs, kfs_now_ns() - (int64_t)(secs * 1e9));
+                        r = kev_evict_older(fs, kfs_now_ns() - (int64_t)(secs * 1e9));
                 } else {
                         return -EINVAL;
                 }
-                kfs_reap_drain(fs); /* done means the blocks are free too (df of the backing filesystem) */
+                kev_reap_drain(fs); /* done means the blocks are free too (df of the backing filesystem) */
                 return r < 0 ? (int)r : 0;
         }
         return -ENOTSUP;
@@ -240,9 +244,9 @@ int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                  * comes after that close() returned (as for flocks, flock.c): a busy file is tried again
                  * for a moment (255 ms at most) before the answer is EBUSY. */
                 int r;
-                for (unsigned ms = 1; (r = kfs_evict_ino(fs, in->bino)) == -EBUSY && ms <= 128; ms *= 2)
+                for (unsigned ms = 1; (r = kev_evict_ino(fs, in->bino)) == -EBUSY && ms <= 128; ms *= 2)
                         usleep(ms * 1000);
-                kfs_reap_drain(fs);
+                kev_reap_drain(fs);
                 return r;
         }
         return -ENOTSUP;

@@ -2,7 +2,7 @@
  *
  * HOW. Each open has its own backing fd, hence its own open file description, so flock() on the
  * backing fds conflicts between two opens exactly as on a local filesystem, and the daemon's own repairs
- * (evict.c) queue on the same locks as the runtimes. The kernel sends RELEASE only after every request
+ * (evict/) queue on the same locks as the runtimes. The kernel sends RELEASE only after every request
  * of a handle is answered, so a backing fd is never closed under a waiter.
  *
  * WAITS. The workers are few (as many as the CPUs), so a lock that must be waited for is waited for on a

@@ -527,7 +527,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
                 in = detach_reused_locked(fs, in);
         if (in) {
                 in->nlookup++;
-                kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict.c) */
+                kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict/prune.c) */
                 old = seen_at_locked(fs, in, dir, name);
                 pthread_mutex_unlock(&fs->itable_lock);
                 if (old)

@@ -9,27 +9,36 @@
  *   ops-io.c    create, open, read, write, fallocate, lseek, flush, fsync, release
  *   ops-xattr.c extended attributes, passed through
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
- *   evict.c     space reservation and eviction (the design essay is there)
+ *   evict/      space reservation and eviction: its own folder, entered through evict/evict.h only (the
+ *               design essay, the folder's map and the daemon's lock order are there)
  *   settle.c    written files measured again after writeback (delayed allocation)
  *   log.c       a detached daemon's stderr, to syslog
- *   units.c     what one eviction removes, per runtime; protected files
  *   passthrough.c kernel passthrough for read-only opens: backing files, I/O modes
  *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
  *   fuse-kernel.h the kernel protocol's parts that Debian 12's headers and libfuse predate
  *   ring.c      FUSE over io_uring: per-CPU queues served by pinned threads
  *   ops.c       the fuse_lowlevel_ops table
  *
- * Lock order (outermost first): fs->evict_lock, inode->lock, fs->itable_lock, fs->space_lock, then the
- * index's own locks; fs->fdc.lock (the inodes' descriptors, inode.c) and fs->name_locks (kfs_names_lock)
- * are leaves, taken under any of them, and so are fs->flock.lock, fs->reap.lock and fs->prune's
- * (evict_lock); fs->settle.lock (settle.c) is taken with none of ours held, and
- * itable_lock under it. No lock of ours is held while a reply is sent or while the kernel is notified,
- * and the daemon only sends notifications that take no lock in the kernel (see evict.c, TELLING THE
- * KERNEL). */
+ * LOCK ORDER. Every mutex of the daemon's, written here once. A thread that holds one may take only those
+ * below it:
+ *   ev->evict_lock      one eviction at a time (evict/). The repairer takes it while it holds NEO's
+ *                       config.file flock, a file lock that no thread holding a mutex of ours waits for
+ *   inode->lock         one inode's size, page-cache state and I/O mode (evict/space.c, passthrough.c)
+ *   fs->settle.lock     the files to measure after writeback (settle.c)
+ *   fs->itable_lock     the inode table and the open counts. Reopening an inode's fd by name takes it
+ *                       (inode.c), and that happens under inode->lock, so nothing that holds it takes an
+ *                       inode's lock: it holds a lookup reference instead (evict/repair.c)
+ *   fs->name_locks[]    two at most, in a fixed order (kfs_names_lock), around a check and a removal, or
+ *                       a rename
+ *   ev->space_lock      reservations and the background descent's state (evict/space.c)
+ *   the index's locks   db_lock before batch_lock, and rd_lock (index/kidx-internal.h)
+ * and these leaves, under which no other lock is ever taken: fs->fdc.lock (inode.c), ev->reap.lock
+ * (evict/reap.c), fs->flock.lock (flock.c), fs->pt.lock (passthrough.c), each ring's (ring.c).
+ * No lock of ours is held while a reply is sent or while the kernel is notified, and the daemon only sends
+ * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). */
 #pragma once
 
 #define KFS_NAME_LOCKS 64
-#define KFS_REAPERS 2   /* threads closing evicted files (reap.c) */
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
@@ -46,10 +55,11 @@
 #include "../common/kmap.h"
 #include "../common/runtimes.h"
 #include "../index/kidx.h"
+#include "evict/evict.h"
 
 #define KFS_VERSION "0.1.0"
 /* The metadata directory in the backing root: holds the default index, never visible in the mount. */
-/* The runtimes' own records of their cache's size, which eviction repairs (evict.c, units.c). */
+/* The runtimes' own records of their cache's size, which eviction repairs (evict/repair.c). */
 #define KFS_NEO_SIZE_FILE "config.file"     /* NEO: one native size_t, under its flock */
 #define KFS_SYCL_SIZE_FILE "cache_size.txt" /* SYCL: decimal bytes, under cache_size.txt.lock */
 #define KFS_SYCL_SIZE_LOCK KFS_SYCL_SIZE_FILE ".lock"
@@ -59,22 +69,11 @@
 
 enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };
 
-/* Runtimes whose cache layout eviction knows (units.c). */
+/* A runtime forced for a directory by -o layout= (evict/units.c). */
 
 struct kfs_layout {
         char *dir;                /* relative to the cache root; "" for the whole mount */
         enum krt rt;
-};
-
-/* One logical entry of a runtime: evicted whole or not at all (units.c). */
-struct kfs_unit {
-        enum krt rt;
-        char *root;               /* the entry's directory, relative */
-        char **members;           /* regular files, relative, in deletion order */
-        size_t n;
-        char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
-        bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
-        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
 };
 
 struct kfs_opts {
@@ -122,10 +121,10 @@ struct kfs_inode {
         uint64_t nlookup;         /* kernel references; fs->itable_lock */
         uint32_t readers;         /* open read-only handles; fs->itable_lock */
         uint32_t writers;         /* open handles that may write; fs->itable_lock */
-        _Atomic bool evicted;     /* eviction removed it: path-based requests get ESTALE (evict.c);
+        _Atomic bool evicted;     /* eviction removed it: path-based requests get ESTALE (evict/);
                                      set under fs->itable_lock */
         pid_t creator;            /* the process that created it through the mount, for a lock file (the name
-                                     lock or *.lock), else 0 (units.c: whose store holds a runtime's lock) */
+                                     lock or *.lock), else 0 (evict/units.c: whose store holds a runtime's lock) */
         _Atomic bool unlinked;    /* no name left: not accounted any more; set under lock, read anywhere
                                      (a name found for its number later is a new file's: inode.c) */
         bool bookkeeping;         /* a runtime's size file that eviction rewrites behind the kernel's back
@@ -141,7 +140,7 @@ struct kfs_inode {
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         _Atomic int64_t named_ns; /* a directory: when a request last named it (looked it up, or looked up
                                      or created in it); eviction removes no directory named recently
-                                     (evict.c, EMPTIED DIRECTORIES) */
+                                     (evict/prune.c, EMPTIED DIRECTORIES) */
         _Atomic int32_t pt_id;    /* registered backing file (passthrough.c), kept until the inode is
                                      forgotten or evicted; 0: none. Set under lock */
         uint32_t pt_opens;        /* opens in passthrough mode (passthrough.c); lock */
@@ -209,40 +208,8 @@ struct kfs {
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
         kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
 
-        pthread_mutex_t space_lock;
-        uint64_t reserved;        /* bytes promised to writes in flight; space_lock */
-        bool evicting;            /* an eviction runs: reservations wait for it; space_lock */
-        struct space_wait *space_waiters; /* writes the running eviction grants room to (evict.c); space_lock */
-        _Atomic uint64_t helped_writes; /* writes granted room that way since mount */
-        pthread_cond_t space_cond; /* a waiter was granted room, or the eviction ended; with space_lock */
+        struct kev *ev;           /* eviction's state (evict/state.c) */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
-        struct kfs_repair *repairs; /* bookkeeping repairs that found the runtime's lock held; evict_lock */
-        size_t nrepairs;
-        pthread_cond_t repair_cond; /* a NEO repair waits: wakes the repairer; with evict_lock */
-        pthread_t repairer;         /* takes NEO's flock blocking, queued like NEO's own processes */
-        bool repairer_started;      /* evict_lock */
-        bool evict_stop;            /* unmounting: the repairer and the descent end; evict_lock */
-        struct {                    /* the background descent to the low watermark (evict.c, HOW FAR) */
-                pthread_t thread;
-                pthread_cond_t cond;    /* kicked, or stopping; with space_lock */
-                bool started, kicked, running, stop; /* space_lock */
-                int64_t quiet_until;    /* no kick before this (ns): the last descent freed nothing, above
-                                         * the high mark (young, open or pinned files); space_lock */
-                int64_t retry_at;       /* the thread could not be started: not before this (ns); space_lock */
-                _Atomic uint64_t runs;  /* descents since mount */
-        } descent;
-        _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */
-        pthread_mutex_t evict_lock; /* one eviction at a time */
-        struct {                    /* emptied directories named too recently to go yet (EMPTIED DIRECTORIES) */
-                char **rel;             /* paths below the root; evict_lock */
-                int64_t *due;           /* not before this (ns); evict_lock */
-                size_t n;               /* evict_lock */
-                _Atomic int64_t next;   /* the earliest due, 0: none; the descent wakes for it */
-                char **lost;            /* directories that lost files in this eviction, each once, looked
-                                         * at when it ends; evict_lock */
-                size_t nlost;           /* evict_lock */
-                kmap lost_at;           /* hash of a path in lost -> its index + 1; evict_lock */
-        } prune;
         struct {                    /* written files, measured again after writeback (settle.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;    /* stopping */
@@ -252,18 +219,6 @@ struct kfs {
                 int64_t retry_at;       /* the thread could not be started: not before this (ns); lock */
                 pthread_t thread;
         } settle;
-        struct {                    /* closes evicted files' last fds, which frees their blocks (reap.c) */
-                pthread_mutex_t lock;
-                pthread_cond_t cond;    /* fds queued, or the queue drained */
-                struct kfs_reap_item { int fd; uint64_t bytes; } *q; /* lock */
-                size_t n, cap;          /* lock */
-                uint64_t bytes;         /* the files queued or being closed hold this much; lock */
-                size_t held;            /* fds queued or being closed; lock */
-                unsigned busy;          /* threads closing a step now; lock */
-                bool stop;              /* lock */
-                unsigned started;       /* threads running; lock */
-                pthread_t threads[KFS_REAPERS];
-        } reap;
 };
 
 static inline struct kfs *kfs_of(fuse_req_t req)
@@ -277,7 +232,7 @@ static inline bool kfs_hidden(const struct kfs *fs, const struct kfs_inode *pare
         return parent == &fs->root && name[0] == '.' && __builtin_strcmp(name, KFS_META_DIR) == 0;
 }
 
-/* The inode was evicted: requests that reach it through a name must answer ESTALE (evict.c). */
+/* The inode was evicted: requests that reach it through a name must answer ESTALE (evict/remove.c). */
 static inline bool kfs_stale(struct kfs_inode *in)
 {
         return atomic_load(&in->evicted);
@@ -286,7 +241,7 @@ static inline bool kfs_stale(struct kfs_inode *in)
 int64_t kfs_now_ns(void);
 
 /* A request names the directory in (a lookup of it or in it, a create in it): eviction leaves it be for
- * a while, even if it empties it (evict.c, EMPTIED DIRECTORIES). */
+ * a while, even if it empties it (evict/prune.c, EMPTIED DIRECTORIES). */
 static inline void kfs_dir_named(struct kfs_inode *in)
 {
         if (S_ISDIR(in->type))
@@ -369,39 +324,6 @@ void kfs_proc_path(char *buf, size_t size, int fd);
 int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags);
 void kfs_inode_table_free(struct kfs *fs);
 
-/* evict.c */
-/* Promises bytes of new allocation; evicts first if the limit would be crossed. -ENOSPC if it cannot. */
-int kfs_space_reserve(struct kfs *fs, uint64_t bytes);
-/* After an allocating operation (in->lock held): accounts st (if not NULL) and releases the reservation,
- * atomically for anyone checking space. */
-void kfs_space_settle(struct kfs *fs, struct kfs_inode *in, const struct stat *st, uint64_t reserved);
-/* Measures in's file through fd (or its O_PATH fd if -1) and accounts it (T3), after an allocating
- * operation that reserved `reserved` bytes (released here) or after it grew behind the daemon's back
- * (written back; written through a shared mapping of the backing file): growth beyond the reservation is
- * reserved first, as a write's would be, so that eviction makes room and the count stays within max_size
- * (counted all the same if nothing can go: the blocks are on the disk). No lock of ours held. */
-void kfs_space_measure(struct kfs *fs, struct kfs_inode *in, int fd, uint64_t reserved);
-/* in->lock held: accounts st (T3) if that adds nothing to the count, and returns true; else returns false
- * and the caller, having let in->lock go, calls kfs_space_measure(). */
-bool kfs_space_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st);
-/* Evicts least recently used files until used <= target (sparing recently used ones if grace). Returns
- * bytes freed or -errno. */
-int64_t kfs_evict_to(struct kfs *fs, uint64_t target, bool grace);
-/* Evicts, in LRU order, every unprotected file last accessed before cutoff_ns. Returns bytes freed. */
-int64_t kfs_evict_older(struct kfs *fs, int64_t cutoff_ns);
-/* Evicts one file now. -EBUSY: open; -EPERM: pinned; -ENOENT: not in the cache. */
-int kfs_evict_ino(struct kfs *fs, uint64_t ino);
-bool kfs_inode_pinned_by_pattern(struct kfs *fs, struct kfs_inode *in);
-/* Frees eviction's own state (repairs still pending are forgotten: the next mount's evictions redo them). */
-void kfs_evict_free(struct kfs *fs);
-/* Stops the repairer and the descent threads (before the index and the session go). */
-void kfs_evict_stop(struct kfs *fs);
-/* After the mount: starts the background descent, and kicks it if the cache is above its high mark
- * already (remounted with a smaller max_size). */
-void kfs_evict_start(struct kfs *fs);
-/* What a write that hit ENOSPC on the backing filesystem does before its one retry. */
-int kfs_evict_for_enospc(struct kfs *fs, uint64_t bytes);
-
 /* log.c */
 /* A detached daemon's stderr becomes a pipe to a thread that writes each line to syslog, rate-limited.
  * 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
@@ -417,17 +339,6 @@ void kfs_settle_note(struct kfs *fs, struct kfs_inode *in);
 size_t kfs_settle_all(struct kfs *fs);
 /* Stops the settler and measures what is left (before the index closes). */
 void kfs_settle_stop(struct kfs *fs);
-
-/* reap.c */
-/* Closes fd (an evicted file's last reference, holding bytes) on the reaper thread, or here if the
- * queue holds kfs_reap_bound() bytes already. */
-void kfs_reap(struct kfs *fs, int fd, uint64_t bytes);
-/* The most bytes of evicted files whose blocks the backing filesystem may still hold. */
-uint64_t kfs_reap_bound(const struct kfs *fs);
-/* Waits until every fd queued so far is closed (their blocks freed). */
-void kfs_reap_drain(struct kfs *fs);
-/* Closes what is queued and stops the reaper (after the last request). */
-void kfs_reap_stop(struct kfs *fs);
 
 /* flock.c */
 /* The process a thread belongs to (requests carry thread ids), or 0. */
@@ -502,17 +413,6 @@ static inline struct kfs_handle *kfs_lazy_handle(const struct fuse_file_info *fi
 /* The handle's backing fd, opened now if it is a lazy one that was never used; -errno if that fails. */
 int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 
-/* The process (its requesting thread's id) whose write, truncate or open this thread is serving while it
- * may evict in line, else 0 (evict.c, runtime_lock): set around those calls only. */
-extern _Thread_local pid_t kfs_writer;
-
-/* units.c */
-bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
-/* Whether the directory rel is a runtime's own root inside its cache (pytools' pdict-*, PyOpenCL's
- * compiler cache, Mesa's mesa_shader_cache*): emptied, it stays. */
-bool kfs_runtime_root(const char *rel);
-int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *ret);
-void kfs_unit_free(struct kfs_unit *u);
 int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
 
 /* control.c: the user.kcachefs.* attributes */

@@ -505,21 +505,14 @@ static int init_root(struct kfs *fs)
         pthread_mutex_init(&fs->itable_lock, NULL);
         for (size_t i = 0; i < KFS_NAME_LOCKS; i++)
                 pthread_mutex_init(&fs->name_locks[i], NULL);
-        pthread_mutex_init(&fs->space_lock, NULL);
-        pthread_cond_init(&fs->space_cond, NULL);
-        pthread_mutex_init(&fs->evict_lock, NULL);
         pthread_mutex_init(&fs->settle.lock, NULL);
         pthread_cond_init(&fs->settle.cond, NULL);
         kmap_init(&fs->settle.queue);
-        pthread_mutex_init(&fs->reap.lock, NULL);
-        pthread_cond_init(&fs->reap.cond, NULL);
-        pthread_cond_init(&fs->repair_cond, NULL);
-        pthread_cond_init(&fs->descent.cond, NULL);
         pthread_mutex_init(&fs->flock.lock, NULL);
         pthread_cond_init(&fs->flock.cond, NULL);
         kmap_init(&fs->itable);
         kmap_init(&fs->detached);
-        if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0)
+        if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0 || kev_init(fs) < 0)
                 return fail("out of memory");
         return 0;
 }
@@ -620,7 +613,7 @@ int main(int argc, char *argv[])
         fprintf(stderr, "kcachefs: mounted %s on %s (max_size %llu bytes, %llu files, %llu bytes used)\n",
                 fs.o.backing, fs.o.mountpoint, (unsigned long long)fs.o.max_size, (unsigned long long)ks.files,
                 (unsigned long long)kidx_used(fs.idx));
-        kfs_evict_start(&fs);
+        kev_start(&fs);
 
         if (cmd.singlethread) {
                 ret = fuse_session_loop(fs.se);
@@ -651,10 +644,10 @@ int main(int argc, char *argv[])
         sd_notify("STOPPING=1");
 out_unmount:
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */
-        kfs_evict_stop(&fs);
+        kev_stop(&fs);
         kfs_flock_stop(&fs); /* its waiters' replies may go through the rings */
         kfs_ring_stop(&fs);
-        kfs_reap_stop(&fs); /* after the last request: none can evict any more */
+        kev_reap_stop(&fs); /* after the last request: none can evict any more */
         fuse_session_unmount(fs.se);
 out_signals:
         fuse_remove_signal_handlers(fs.se);
@@ -667,7 +660,7 @@ out_idx:
                 fprintf(stderr, "kcachefs: unmounted %s; the index is %s\n", fs.o.mountpoint,
                         ret == 0 ? "flushed and marked clean" : "left to be reconciled at the next mount");
 out_fs:
-        kfs_evict_free(&fs);
+        kev_free(&fs);
         kfs_inode_table_free(&fs);
         if (fs.root_fd >= 0)
                 close(fs.root_fd);

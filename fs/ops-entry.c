@@ -44,7 +44,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
         if (kfs_hidden(fs, dir, name))
                 return -ENOENT;
         if (kfs_stale(dir))
-                return -ESTALE; /* eviction removed the directory (evict.c, EMPTIED DIRECTORIES) */
+                return -ESTALE; /* eviction removed the directory (evict/prune.c, EMPTIED DIRECTORIES) */
         kfs_dir_named(dir);
         memset(e, 0, sizeof(*e));
         int dfd = kfs_inode_fd(fs, dir), r;
@@ -198,13 +198,13 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 struct stat st;
                 int e = errno;
                 bool grew = r == 0 && fstatat(pfd, "", &st, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) == 0 &&
-                            !kfs_space_account_locked(fs, in, &st);
+                            !kev_account_locked(fs, in, &st);
                 in->cache_ok = false;
                 pthread_mutex_unlock(&in->lock);
                 if (grew) { /* allocated unseen before (writeback): room first */
-                        kfs_writer = fuse_req_ctx(req)->pid;
-                        kfs_space_measure(fs, in, fi ? fd : -1, 0);
-                        kfs_writer = 0;
+                        kev_writer = fuse_req_ctx(req)->pid;
+                        kev_measure(fs, in, fi ? fd : -1, 0);
+                        kev_writer = 0;
                 }
                 errno = e;
                 if (r < 0)

@@ -5,7 +5,7 @@
  * so that the next stat shows the new atime even when the read is served from the page cache.
  *
  * Space: an operation that may allocate first reserves an upper bound of what it can allocate
- * (estimate()), which may evict (evict.c); afterwards it re-reads st_blocks and the index's used total
+ * (estimate()), which may evict (evict/space.c); afterwards it re-reads st_blocks and the index's used total
  * moves by the exact difference. Writes inside already-allocated space reserve nothing and cost no fstat.
  *
  * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone. */
@@ -65,9 +65,9 @@ static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
         if ((fd >= 0 ? fstat(fd, &st) : kfs_fstat_inode(fs, in, &st)) == 0) {
                 keep = in->cache_ok && (uint64_t)st.st_size == in->size && st.st_mtim.tv_sec == in->mtime.tv_sec &&
                        st.st_mtim.tv_nsec == in->mtime.tv_nsec;
-                if (!kfs_space_account_locked(fs, in, &st)) { /* it grew unseen (writeback): room first */
+                if (!kev_account_locked(fs, in, &st)) { /* it grew unseen (writeback): room first */
                         pthread_mutex_unlock(&in->lock);
-                        kfs_space_measure(fs, in, fd, 0);
+                        kev_measure(fs, in, fd, 0);
                         pthread_mutex_lock(&in->lock);
                 }
                 in->cache_ok = true;
@@ -116,9 +116,9 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         int fd = maybe_lazy ? -1 : kfs_inode_open(fs, in, flags);
         if (fd < 0 && !maybe_lazy)
                 goto fail;
-        kfs_writer = fuse_req_ctx(req)->pid;
+        kev_writer = fuse_req_ctx(req)->pid;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
-        kfs_writer = 0;
+        kev_writer = 0;
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
         struct kfs_handle *h = NULL;
         if (pt && !writer && (h = malloc(sizeof(*h)))) {
@@ -220,12 +220,12 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         if (r < 0)
                 goto fail;
         struct kfs_inode *in = kfs_inode_get(fs, e.ino);
-        if (created && krt_is_lock_name(name)) /* whose it is (units.c) */
+        if (created && krt_is_lock_name(name)) /* whose it is (evict/units.c) */
                 in->creator = kfs_tgid_of(fuse_req_ctx(req)->pid);
         count_open(fs, in, is_writer(flags), 1);
-        kfs_writer = fuse_req_ctx(req)->pid;
+        kev_writer = fuse_req_ctx(req)->pid;
         refresh(fs, in, fd);
-        kfs_writer = 0;
+        kev_writer = 0;
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
@@ -314,18 +314,18 @@ static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct 
                              bool retry_ok)
 {
         if (est) {
-                int r = kfs_space_reserve(fs, est);
+                int r = kev_reserve(fs, est);
                 if (r < 0)
                         return r;
         }
         ssize_t res = run_op(op);
         if (res == -ENOSPC && retry_ok) {
-                kfs_evict_for_enospc(fs, est ? est : (uint64_t)op->len);
+                kev_for_enospc(fs, est ? est : (uint64_t)op->len);
                 res = run_op(op);
         }
         /* A fallocate is measured even without a reservation: a punch frees blocks. */
         if (est || res < 0 || !op->src)
-                kfs_space_measure(fs, in, op->fd, est);
+                kev_measure(fs, in, op->fd, est);
         return res;
 }
 
@@ -340,9 +340,9 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 return;
         }
         bool retry_ok = !(bufv->buf[0].flags & FUSE_BUF_IS_FD); /* a spliced pipe can be read only once */
-        kfs_writer = fuse_req_ctx(req)->pid; /* (evict.c, runtime_lock) */
+        kev_writer = fuse_req_ctx(req)->pid; /* (evict/remove.c, runtime_lock) */
         ssize_t res = allocating_op(fs, in, &op, estimate(in, (uint64_t)off, len), retry_ok);
-        kfs_writer = 0;
+        kev_writer = 0;
         if (res < 0) {
                 fuse_reply_err(req, (int)-res);
                 return;
@@ -378,9 +378,9 @@ void kfs_op_fallocate(fuse_req_t req, fuse_ino_t ino, int mode, off_t off, off_t
                 return;
         }
         uint64_t est = mode & FALLOC_FL_PUNCH_HOLE ? 0 : estimate(in, (uint64_t)off, (uint64_t)len);
-        kfs_writer = fuse_req_ctx(req)->pid;
+        kev_writer = fuse_req_ctx(req)->pid;
         ssize_t res = allocating_op(fs, in, &op, est, true);
-        kfs_writer = 0;
+        kev_writer = 0;
         if (res >= 0)
                 kfs_settle_note(fs, in);
         fuse_reply_err(req, res < 0 ? (int)-res : 0);
@@ -415,7 +415,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 if (pt && is_writer(fi->flags)) {
                         /* Its shared mappings wrote to the backing file directly: account them, with
                          * room made for them first, and again once they are written back. */
-                        kfs_space_measure(fs, in, (int)(uint32_t)fi->fh, 0);
+                        kev_measure(fs, in, (int)(uint32_t)fi->fh, 0);
                         kfs_settle_note(fs, in);
                 }
                 kfs_flock_close(fs, (int)(uint32_t)fi->fh);

@@ -19,7 +19,7 @@
  * passthrough mode every new open must be a passthrough one with the same backing file, and while one is
  * open in the page-cache mode no passthrough open may start (either mistake fails the application's
  * open with EIO). Writes must keep going through the daemon, which reserves space and evicts before each
- * one (evict.c); so:
+ * one (evict/); so:
  *   - a read-only open of an inode with no page-cache open gets passthrough (registering its backing);
  *   - a writer gets the page-cache mode, unless the inode is in passthrough mode already: then it gets
  *     FOPEN_PASSTHROUGH | FOPEN_DIRECT_IO, for which the kernel sends reads and writes to the daemon and

@@ -42,7 +42,7 @@ static void settle_one(struct kfs *fs, struct kfs_inode *in)
                                                                 SYNC_FILE_RANGE_WAIT_AFTER);
                         close(fd);
                 }
-                kfs_space_measure(fs, in, -1, 0); /* writeback's allocation, room made first */
+                kev_measure(fs, in, -1, 0); /* writeback's allocation, room made first */
         }
         kfs_inode_unref(fs, in, 1);
 }

@@ -393,7 +393,7 @@ def _empty_dirs(backing):
 
 def test_eviction_takes_the_directories_it_empties_and_runtimes_make_them_again(kfs):
     """A keyed runtime (Triton, PoCL) makes directories per key; eviction removes those it empties, up to
-    the runtime's root, so the backing holds no directory without a file below it (evict.c, EMPTIED
+    the runtime's root, so the backing holds no directory without a file below it (fs/evict/prune.c, EMPTIED
     DIRECTORIES); a runtime storing the key again (makedirs, then create) finds nothing in its way, even
     with the kernel still holding the old directory's dentry."""
     m = kfs({"max_size": "1M", "grace_ms": "0"})
@@ -428,7 +428,7 @@ def test_a_directory_a_runtime_just_made_again_outlives_the_eviction_that_emptie
     """PoCL stores by mkdir -p of its program directory, a temporary file in the cache root, and a rename
     into the directory. If eviction empties the directory between the mkdir and the rename, it must not
     remove it (the rename would fail with ENOENT): a directory named in the last 2 s stays, and goes once
-    that has passed if it is still empty (evict.c, EMPTIED DIRECTORIES)."""
+    that has passed if it is still empty (fs/evict/prune.c, EMPTIED DIRECTORIES)."""
     m = kfs({"max_size": "1M", "grace_ms": "0", "low_watermark": "100"})
     os.makedirs(m.path("pocl", "ab", "old"))
     with open(m.path("pocl", "ab", "old", "program.bc"), "wb") as f:
@@ -461,7 +461,7 @@ def test_a_directory_a_runtime_just_made_again_outlives_the_eviction_that_emptie
 def test_the_backing_filesystem_holds_at_most_the_limit_and_the_reap_bound(kfs):
     """On a backing filesystem of its own, 4 writers of files up to 5 MiB through a 32 MiB cache: what the filesystem holds
     (its used blocks, less the index, which has its own bound) never passes max_size by more than the
-    evicted files still waiting for their last close (1/64 of max_size, 256 KiB at least: reap.c). With an
+    evicted files still waiting for their last close (1/64 of max_size, 256 KiB at least: fs/evict/reap.c). With an
     unbounded reaper queue it held up to 22% more."""
     # low_watermark=100: no headroom below the limit, every write that reaches it evicts in line.
     m = kfs({"max_size": "32M", "grace_ms": "0", "low_watermark": "100"}, tmpfs_size="256m")

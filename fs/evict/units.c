@@ -1,10 +1,10 @@
 /* units.c: what one eviction removes, per runtime (../shared/docs/runtimes.md).
  *
- * Eviction (evict.c) walks files in LRU order. For each file this file answers two questions:
+ * Eviction (choose.c) walks files in LRU order. For each file this file answers two questions:
  *   1. Is it protected? Lock and bookkeeping files never go; in-flight temporary files go only once
  *      older than tmp_age (a crash leaked them: nobody will finish them).
  *   2. Which unit does it belong to? The unit is the runtime's logical entry: all of it goes, in the
- *      runtime's safe order, or none of it. Its recency is its newest member's (evict.c).
+ *      runtime's safe order, or none of it. Its recency is its newest member's (choose.c).
  *
  *   runtime  recognised by                                   unit, in deletion order
  *   NEO      <16 hex>.cl_cache / .l0_cache / .ocloc_cache    the file; then config.file is repaired
@@ -42,7 +42,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kfs.h"
+#include "internal.h"
 
 static const char *base_of(const char *path)
 {
@@ -90,7 +90,7 @@ static bool is_temporary(const char *path)
         return false;
 }
 
-bool kfs_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)
+bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)
 {
         if (krt_is_kept_name(base_of(path))) /* locks, bookkeeping, settings (common/runtimes.c) */
                 return true;
@@ -116,7 +116,7 @@ static enum krt forced(const struct kfs *fs, const char *path)
         return rt;
 }
 
-static int add_member(struct kfs_unit *u, const char *dir, const char *name)
+static int add_member(struct kev_unit *u, const char *dir, const char *name)
 {
         char **m = realloc(u->members, (u->n + 1) * sizeof(*m));
         if (!m)
@@ -163,7 +163,7 @@ static char *ancestor_with(struct kfs *fs, const char *dir, const char *name, in
 }
 
 /* Every regular file below dir (relative), recursively, with name-ordering hints. */
-static int add_tree(struct kfs *fs, struct kfs_unit *u, const char *dir, int depth)
+static int add_tree(struct kfs *fs, struct kev_unit *u, const char *dir, int depth)
 {
         if (depth > 16)
                 return -ELOOP;
@@ -193,7 +193,7 @@ static int add_tree(struct kfs *fs, struct kfs_unit *u, const char *dir, int dep
 }
 
 /* Moves the members whose names satisfy pred to the front, keeping their order. */
-static void to_front(struct kfs_unit *u, bool (*pred)(const char *name))
+static void to_front(struct kev_unit *u, bool (*pred)(const char *name))
 {
         size_t k = 0;
         for (size_t i = 0; i < u->n; i++)
@@ -355,7 +355,7 @@ static const char *up_name(const char *d, int levels, char *buf, size_t size)
 }
 
 /* Whether dir/name, a lock file a runtime makes with O_EXCL and holds while it reads or writes its cache,
- * exists and is not the lock of the process whose write this eviction makes room for (kfs_writer): that
+ * exists and is not the lock of the process whose write this eviction makes room for (kev_writer): that
  * process is inside its own store, and no other is inside the cache. Without that exception, a store
  * that needs room could evict none of its runtime's entries (CI's ASan pass: PyOpenCL's write of a binary
  * failed with ENOSPC while its lock made every other entry busy). */
@@ -366,13 +366,13 @@ static bool lock_held_by_other(struct kfs *fs, const char *dir, const char *name
         if (snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name) >= (int)sizeof(p) ||
             fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 return false; /* no lock: nobody is inside */
-        if (!kfs_writer)
+        if (!kev_writer)
                 return true;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
         pid_t creator = in ? in->creator : 0;
         pthread_mutex_unlock(&fs->itable_lock);
-        return !creator || creator != kfs_tgid_of(kfs_writer);
+        return !creator || creator != kfs_tgid_of(kev_writer);
 }
 
 /* PyOpenCL's compiler cache: <cache>/pyopencl-compiler-cache-v2-py<ver>/<32 hex md5>/{info,binary,source.cl},
@@ -398,7 +398,7 @@ static bool is_pdict_item(struct kfs *fs, const char *d, const char *path)
                !strncmp(up_name(d, 3, c, sizeof(c)), "pdict-", 6);
 }
 
-bool kfs_runtime_root(const char *rel)
+bool kev_runtime_root(const char *rel)
 {
         const char *b = base_of(rel);
         return !strncmp(b, "pdict-", 6) || !strncmp(b, "pyopencl-compiler-cache-", 24) ||
@@ -406,7 +406,7 @@ bool kfs_runtime_root(const char *rel)
 }
 
 /* A unit that is a whole directory d (taken over), every file below it, first(name) ones first. */
-static int whole_dir_unit(struct kfs *fs, struct kfs_unit *u, enum krt rt, char *d, bool (*first)(const char *))
+static int whole_dir_unit(struct kfs *fs, struct kev_unit *u, enum krt rt, char *d, bool (*first)(const char *))
 {
         u->rt = rt;
         u->root = d;
@@ -416,7 +416,7 @@ static int whole_dir_unit(struct kfs *fs, struct kfs_unit *u, enum krt rt, char 
         return r;
 }
 
-int kfs_unit_resolve(struct kfs *fs, const char *path, struct kfs_unit *u)
+int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
 {
         memset(u, 0, sizeof(*u));
         const char *name = base_of(path);
@@ -532,7 +532,7 @@ single:
         return add_member(u, dir, name);
 }
 
-void kfs_unit_free(struct kfs_unit *u)
+void kev_unit_free(struct kev_unit *u)
 {
         for (size_t i = 0; i < u->n; i++)
                 free(u->members[i]);

@@ -1,0 +1,335 @@
+/* choose.c: what goes first (evict.h: WHAT GOES FIRST, GRACE, WHAT IS NEVER EVICTED).
+ *
+ * The LRU walk reads the index's rows in access order, a batch at a time, and turns each file into its
+ * runtime's unit (units.c): a single file is a victim at once; a unit of several files is taken when the
+ * walk reaches its newest member, since that is the unit's recency. Open, pinned and young files are
+ * passed over; a unit with one such member stays whole. */
+#include <errno.h>
+#include <fnmatch.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+void kev_dircache_free(struct dircache *c)
+{
+        for (int i = 0; i < c->n; i++) {
+                free(c->path[i]);
+                if (c->fd[i] >= 0)
+                        close(c->fd[i]);
+        }
+        c->n = c->next = 0;
+}
+
+/* The slot of directory ino, filled on first use (round-robin replacement). */
+int kev_dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino)
+{
+        for (int i = 0; i < c->n; i++)
+                if (c->ino[i] == ino)
+                        return i;
+        int i;
+        if (c->n < DIRCACHE) {
+                i = c->n++;
+        } else {
+                i = c->next;
+                c->next = (c->next + 1) % DIRCACHE;
+                free(c->path[i]);
+                if (c->fd[i] >= 0)
+                        close(c->fd[i]);
+        }
+        char dir[4096];
+        c->ino[i] = ino;
+        c->path[i] = kidx_dir_path(fs->idx, ino, dir, sizeof(dir)) == 0 ? strdup(dir) : NULL;
+        c->fd[i] = c->path[i] ? openat(fs->root_fd, dir[0] ? dir : ".", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                              : -1;
+        return i;
+}
+
+struct name_list {
+        kidx *idx;
+        struct name *names;
+        size_t n;
+        int err;
+};
+
+static void add_name(void *ud, uint64_t dir, const char *name)
+{
+        struct name_list *l = ud;
+        struct name *n = realloc(l->names, (l->n + 1) * sizeof(*n));
+        if (!n) {
+                l->err = -ENOMEM;
+                return;
+        }
+        l->names = n;
+        n[l->n] = (struct name){ .dir = dir, .name = strdup(name) };
+        if (!n[l->n].name)
+                l->err = -ENOMEM;
+        l->n++;
+}
+
+void kev_free_names(struct name *names, size_t n)
+{
+        for (size_t i = 0; i < n; i++) {
+                free(names[i].name);
+                free(names[i].path);
+        }
+        free(names);
+}
+
+void kev_free_victims(struct victims *vs)
+{
+        for (size_t i = 0; i < vs->n; i++)
+                kev_free_names(vs->v[i].names, vs->v[i].nnames);
+        for (size_t i = 0; i < vs->nu; i++)
+                free(vs->u[i].repair);
+        free(vs->v);
+        free(vs->u);
+        memset(vs, 0, sizeof(*vs));
+}
+
+int kev_push_victim(struct victims *vs, struct victim *v)
+{
+        if (vs->n == vs->cap) {
+                size_t ncap = vs->cap ? vs->cap * 2 : 64;
+                struct victim *nv = realloc(vs->v, ncap * sizeof(*nv));
+                if (!nv)
+                        return -ENOMEM;
+                vs->v = nv;
+                vs->cap = ncap;
+        }
+        vs->v[vs->n++] = *v;
+        vs->bytes += v->bytes;
+        return 0;
+}
+
+int kev_push_unit(struct victims *vs, size_t first, enum krt rt, const char *repair)
+{
+        struct vunit *nu = realloc(vs->u, (vs->nu + 1) * sizeof(*nu));
+        if (!nu)
+                return -ENOMEM;
+        vs->u = nu;
+        nu[vs->nu++] = (struct vunit){ first, vs->n - first, rt, repair ? strdup(repair) : NULL };
+        return 0;
+}
+
+static struct seen *seen_get(struct seen_set *ss, const char *key)
+{
+        for (size_t i = 0; i < ss->n; i++)
+                if (!strcmp(ss->v[i].key, key))
+                        return &ss->v[i];
+        struct seen *nv = realloc(ss->v, (ss->n + 1) * sizeof(*nv));
+        if (!nv)
+                return NULL;
+        ss->v = nv;
+        nv[ss->n] = (struct seen){ strdup(key), 0, false, false };
+        return nv[ss->n].key ? &nv[ss->n++] : NULL;
+}
+
+void kev_seen_free(struct seen_set *ss)
+{
+        for (size_t i = 0; i < ss->n; i++)
+                free(ss->v[i].key);
+        free(ss->v);
+        kmap_free(&ss->files);
+}
+
+static bool pinned_path(const struct kfs *fs, const char *path)
+{
+        if (!fs->o.pins)
+                return false;
+        const char *base = strrchr(path, '/');
+        base = base ? base + 1 : path;
+        for (char **p = fs->o.pins; *p; p++) {
+                /* A pattern with a '/' matches the whole relative path, one without matches the name. */
+                const char *subject = strchr(*p, '/') ? path : base;
+                if (fnmatch(*p, subject, strchr(*p, '/') ? FNM_PATHNAME : 0) == 0)
+                        return true;
+        }
+        return false;
+}
+
+bool kev_is_open_locked(struct kfs *fs, uint64_t ino)
+{
+        struct kfs_inode *in = kfs_inode_find_locked(fs, ino);
+        if (!in)
+                return false;
+        return in->writers > 0 || (fs->o.protect == KFS_PROTECT_OPEN && in->readers > 0);
+}
+
+/* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
+int kev_load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
+{
+        struct name_list l = { .idx = fs->idx };
+        int r = kidx_names(fs->idx, v->ino, add_name, &l);
+        if (r >= 0 && l.err)
+                r = l.err;
+        if (r < 0) {
+                kev_free_names(l.names, l.n);
+                return r;
+        }
+        v->names = l.names;
+        v->nnames = l.n;
+        for (size_t i = 0; i < l.n; i++) {
+                char *path = NULL;
+                const char *dir = dc->path[kev_dircache_get(fs, dc, l.names[i].dir)];
+                if (!dir)
+                        continue; /* unknown directory: this name cannot be removed (see evict_one) */
+                if (asprintf(&path, "%s%s%s", dir, dir[0] ? "/" : "", l.names[i].name) < 0)
+                        return -ENOMEM;
+                l.names[i].path = path;
+                if (pinned_path(fs, path))
+                        return 1;
+        }
+        return 0;
+}
+
+/* Turns a resolved multi-file unit into victims, if it may go now: 1 if taken, 0 if not (yet), -errno.
+ * row_seq: the LRU position reached; the unit waits until that is its newest member (its recency). */
+int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint64_t row_seq, struct seen *sn,
+                     bool grace, struct victims *vs)
+{
+        size_t first = vs->n;
+        int64_t grace_cut = grace ? kfs_now_ns() - (int64_t)fs->o.grace_ms * 1000000 : INT64_MAX;
+        uint64_t newest = 0;
+        int r = 0;
+        for (size_t i = 0; i < u->n && r == 0; i++) {
+                struct stat st, ds;
+                const char *p = u->members[i], *slash = strrchr(p, '/');
+                char dir[PATH_MAX];
+                snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
+                if (fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
+                    fstatat(fs->root_fd, dir, &ds, 0) < 0)
+                        continue; /* gone meanwhile */
+                struct kidx_file f;
+                bool known = kidx_get_file(fs->idx, st.st_ino, &f) == 0;
+                pthread_mutex_lock(&fs->itable_lock);
+                bool open = kev_is_open_locked(fs, st.st_ino);
+                pthread_mutex_unlock(&fs->itable_lock);
+                if (open || (known && f.pinned) || pinned_path(fs, p)) {
+                        sn->done = true; /* protected as a whole */
+                        r = 0;
+                        goto undo;
+                }
+                if (known && f.seq > newest)
+                        newest = f.seq;
+                if (known && f.atime_ns > grace_cut) {
+                        sn->young = true; /* in use right now (GRACE) */
+                        goto undo;
+                }
+                struct name *nm = calloc(1, sizeof(*nm));
+                struct victim v = { .ino = st.st_ino, .bytes = known ? f.bytes : (uint64_t)st.st_blocks * 512,
+                                    .names = nm, .nnames = 1, .hold = -1 };
+                if (!nm || !(nm->name = strdup(slash ? slash + 1 : p)) || !(nm->path = strdup(p))) {
+                        kev_free_names(nm, nm ? 1 : 0);
+                        r = -ENOMEM;
+                        goto undo;
+                }
+                nm->dir = ds.st_ino == fs->root.bino ? fs->root.bino : ds.st_ino;
+                (void)kev_dircache_get(fs, dc, nm->dir);
+                if ((r = kev_push_victim(vs, &v)) < 0) {
+                        kev_free_names(nm, 1);
+                        goto undo;
+                }
+        }
+        sn->newest = newest;
+        if (newest > row_seq || vs->n == first) {
+                r = 0; /* not its newest member yet: its turn comes later in the walk */
+                goto undo;
+        }
+        if ((r = kev_push_unit(vs, first, u->rt, u->repair)) < 0)
+                goto undo;
+        sn->done = true;
+        return 1;
+undo:
+        while (vs->n > first) {
+                vs->n--;
+                vs->bytes -= vs->v[vs->n].bytes;
+                kev_free_names(vs->v[vs->n].names, vs->v[vs->n].nnames);
+        }
+        return r;
+}
+
+/* Chooses units in LRU order, from *cursor on, until goal bytes or max_victims files are covered or the
+ * LRU runs out; *cursor advances past what was looked at. */
+int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
+                  bool grace, struct seen_set *seen, struct victims *vs)
+{
+        struct kidx_lru_row rows[LRU_BATCH];
+        struct seen_set ss = { 0 }, *sset = seen ? seen : &ss;
+        uint64_t after = *cursor;
+        int64_t now = kfs_now_ns();
+        int r = 0;
+        while (r == 0 && vs->bytes < goal && vs->n < max_victims) {
+                int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);
+                if (n <= 0) {
+                        r = n;
+                        break;
+                }
+                for (int i = 0; r == 0 && i < n && vs->bytes < goal && vs->n < max_victims; i++) {
+                        if (grace && rows[i].atime_ns > now - (int64_t)fs->o.grace_ms * 1000000) {
+                                n = -1; /* LRU order is time order: everything from here on is recent (GRACE) */
+                                break;
+                        }
+                        after = rows[i].seq;
+                        pthread_mutex_lock(&fs->itable_lock);
+                        bool open = kev_is_open_locked(fs, rows[i].ino);
+                        pthread_mutex_unlock(&fs->itable_lock);
+                        if (open)
+                                continue;
+                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes, .hold = -1, .has_row = true, .row = rows[i] };
+                        r = kev_load_candidate(fs, dc, &v);
+                        const char *path = v.nnames ? v.names[0].path : NULL;
+                        struct kev_unit u = { 0 };
+                        if (r != 0 || !path || kev_unit_protected(fs, path, rows[i].atime_ns, now) ||
+                            (r = kev_unit_resolve(fs, path, &u)) < 0) {
+                                kev_free_names(v.names, v.nnames);
+                                kev_unit_free(&u);
+                                r = r < 0 ? r : 0;
+                                continue;
+                        }
+                        if (u.rt == KRT_FILE) {
+                                if (kmap_get(&sset->files, v.ino)) { /* taken by an earlier pass */
+                                        kev_free_names(v.names, v.nnames);
+                                        kev_unit_free(&u);
+                                        continue;
+                                }
+                                if ((r = kmap_put(&sset->files, v.ino, vs)) < 0) {
+                                        kev_free_names(v.names, v.nnames);
+                                        kev_unit_free(&u);
+                                        continue;
+                                }
+                                size_t first = vs->n;
+                                r = kev_push_victim(vs, &v);
+                                if (r == 0)
+                                        r = kev_push_unit(vs, first, KRT_FILE, NULL);
+                                else
+                                        kev_free_names(v.names, v.nnames);
+                                kev_unit_free(&u);
+                                continue;
+                        }
+                        kev_free_names(v.names, v.nnames);
+                        char key[PATH_MAX + 16];
+                        /* A directory unit is its directory; a unit of files in a shared directory (NEO, SYCL,
+                         * JAX) is its first member. */
+                        bool by_dir = u.dir_unit || u.rt == KRT_TRITON;
+                        snprintf(key, sizeof(key), "%d:%s", u.rt, by_dir || !u.n ? u.root : u.members[0]);
+                        struct seen *sn = seen_get(sset, key);
+                        if (!sn)
+                                r = -ENOMEM;
+                        else if (!sn->done && !(grace && sn->young) && !u.busy &&
+                                 (sn->newest == 0 || rows[i].seq >= sn->newest))
+                                r = kev_take_unit(fs, dc, &u, rows[i].seq, sn, grace, vs);
+                        r = r < 0 ? r : 0;
+                        kev_unit_free(&u);
+                }
+                if (n < 0)
+                        break;
+        }
+        if (!seen)
+                kev_seen_free(&ss);
+        *cursor = after;
+        return r;
+}

@@ -1,0 +1,236 @@
+/* internal.h: what the files of fs/evict/ share, and nothing else includes. The map of the folder, the
+ * design is in evict.h, the lock order in kfs.h. */
+#pragma once
+
+#include "../kfs.h"
+
+#define KEV_REAPERS 2   /* threads closing evicted files (reap.c) */
+#define LRU_BATCH 256     /* index rows read per query */
+#define BATCH_VICTIMS 64  /* victims removed per hold of evict_lock (COST) */
+
+struct name {
+        uint64_t dir;
+        char *name;
+        bool removed; /* kev_remove_member_locked unlinked it */
+        char *path;   /* relative to the backing root, for pins and the eviction log */
+};
+
+/* One file of a unit. */
+struct victim {
+        uint64_t ino;
+        uint64_t bytes;
+        struct name *names;
+        size_t nnames;
+        int hold;     /* O_PATH fd kept on the removed inode until the index has been told (INODE REUSE) */
+        bool lives;   /* names were removed, but the file has another the index did not know of when it
+                       * was chosen (a link made since): it stays, counted, with its other names */
+        bool has_row; /* chosen from row, the index's LRU order (kidx_evicted_row) */
+        struct kidx_lru_row row;
+};
+
+/* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
+struct vunit {
+        size_t first, count;
+        enum krt rt;
+        char *repair;  /* bookkeeping to repair afterwards (units.c), or NULL */
+};
+
+struct victims {
+        struct victim *v;
+        size_t n, cap;
+        struct vunit *u;
+        size_t nu;
+        uint64_t bytes;
+};
+
+/* A bookkeeping repair still to do (the runtime held its lock last time). */
+struct kev_repair {
+        enum krt rt;
+        char *dir;
+};
+
+/* Directories of the victims of one batch: victims cluster in few directories, so each one's path is
+ * read from the index and opened once per batch, not once per victim. */
+#define DIRCACHE 16
+struct dircache {
+        uint64_t ino[DIRCACHE];
+        char *path[DIRCACHE];  /* relative to the backing root; NULL: unknown to the index */
+        int fd[DIRCACHE];      /* O_PATH, or -1 */
+        int n, next;
+};
+/* Units met during one choose(): a unit is taken when the LRU walk reaches its newest member. */
+struct seen {
+        char *key;
+        uint64_t newest;   /* the newest member's seq */
+        bool done;         /* taken, or found protected */
+        bool young;        /* passed over only for GRACE: a pass without it may take it */
+};
+
+struct seen_set {
+        struct seen *v;      /* units of several files: few per batch */
+        size_t n;
+        kmap files;          /* single-file units taken, by inode: one per victim, so O(1) each */
+};
+
+/* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
+ * are released. */
+struct notify_list {
+        struct { fuse_ino_t ino; bool dir; } *items;
+        size_t n;
+};
+
+/* A write waiting for room while another request's eviction runs (HELPING). */
+struct space_wait {
+        uint64_t bytes;
+        bool granted;
+        struct space_wait *next;
+};
+
+
+/* Eviction's state: one per mount, fs->ev (state.c). Its locks' place in the daemon's order: evict.h,
+ * LOCKS, and kfs.h, LOCK ORDER. */
+struct kev {
+        pthread_mutex_t evict_lock;   /* one eviction at a time */
+        bool stop;                    /* unmounting: the repairer and the descent end; evict_lock */
+
+        pthread_mutex_t space_lock;   /* never held across I/O */
+        uint64_t reserved;            /* bytes promised to writes in flight; space_lock */
+        bool evicting;                /* an eviction runs: reservations wait for it (FAIRNESS); space_lock */
+        struct space_wait *space_waiters; /* writes the running eviction grants room to (HELPING); space_lock */
+        pthread_cond_t space_cond;    /* a waiter was granted room, or the eviction ended; with space_lock */
+        _Atomic uint64_t helped_writes;  /* writes granted room that way since mount */
+        _Atomic uint64_t blocked_writes; /* writes that found no room and waited for an eviction */
+
+        struct {                      /* the background descent to the low watermark (descent.c) */
+                pthread_t thread;
+                pthread_cond_t cond;    /* kicked, or stopping; with space_lock */
+                bool started, kicked, running, stop; /* space_lock */
+                int64_t quiet_until;    /* no kick before this (ns): the last descent freed nothing, above
+                                         * the high mark (young, open or pinned files); space_lock */
+                int64_t retry_at;       /* the thread could not be started: not before this (ns); space_lock */
+                _Atomic uint64_t runs;  /* descents since mount */
+        } descent;
+
+        struct kev_repair *repairs;   /* bookkeeping repairs that found the runtime's lock held; evict_lock */
+        size_t nrepairs;
+        pthread_cond_t repair_cond;   /* a NEO repair waits: wakes the repairer; with evict_lock */
+        pthread_t repairer;           /* takes NEO's flock blocking, queued like NEO's own processes */
+        bool repairer_started;        /* evict_lock */
+
+        struct {                      /* directories emptied by eviction (prune.c) */
+                char **rel;             /* named too recently to go yet: paths below the root; evict_lock */
+                int64_t *due;           /* not before this (ns); evict_lock */
+                size_t n;               /* evict_lock */
+                _Atomic int64_t next;   /* the earliest due, 0: none; the descent wakes for it */
+                char **lost;            /* directories that lost files in this eviction, each once, looked
+                                         * at when it ends; evict_lock */
+                size_t nlost;           /* evict_lock */
+                kmap lost_at;           /* hash of a path in lost -> its index + 1; evict_lock */
+        } prune;
+
+        struct {                      /* closes evicted files' last fds, which frees their blocks (reap.c) */
+                pthread_mutex_t lock;   /* a leaf */
+                pthread_cond_t cond;    /* fds queued, or the queue drained */
+                struct kev_reap_item { int fd; uint64_t bytes; } *q; /* lock */
+                size_t n, cap;          /* lock */
+                uint64_t bytes;         /* the files queued or being closed hold this much; lock */
+                size_t held;            /* fds queued or being closed; lock */
+                unsigned busy;          /* threads closing a step now; lock */
+                bool stop;              /* lock */
+                unsigned started;       /* threads running; lock */
+                pthread_t threads[KEV_REAPERS];
+        } reap;
+};
+
+/* One logical entry of a runtime: evicted whole or not at all (units.c). */
+struct kev_unit {
+        enum krt rt;
+        char *root;               /* the entry's directory, relative */
+        char **members;           /* regular files, relative, in deletion order */
+        size_t n;
+        char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
+        bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
+        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
+};
+
+/* choose.c: what goes first */
+void kev_dircache_free(struct dircache *c);
+/* The slot of directory ino in c, filled on first use. */
+int kev_dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino);
+void kev_free_names(struct name *names, size_t n);
+void kev_free_victims(struct victims *vs);
+int kev_push_victim(struct victims *vs, struct victim *v);
+int kev_push_unit(struct victims *vs, size_t first, enum krt rt, const char *repair);
+void kev_seen_free(struct seen_set *ss);
+/* itable_lock held: whether the file ino is open in a way that protects it. */
+bool kev_is_open_locked(struct kfs *fs, uint64_t ino);
+/* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
+int kev_load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v);
+/* A resolved multi-file unit into victims, if it may go now: 1 if taken, 0 if not (yet), -errno. */
+int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint64_t row_seq, struct seen *sn,
+                  bool grace, struct victims *vs);
+/* Units in LRU order, from *cursor on, until goal bytes or max_victims files are covered or the LRU runs
+ * out; *cursor advances past what was looked at. */
+int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
+               bool grace, struct seen_set *seen, struct victims *vs);
+
+/* remove.c: removing */
+/* itable_lock held: in's cached attributes (and pages, for a directory or a rewritten file) are dropped
+ * by kev_notify_all. */
+void kev_note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in);
+/* No lock of ours held: tells the kernel, and empties nl. */
+void kev_notify_all(struct kfs *fs, struct notify_list *nl);
+size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dirfds, struct notify_list *nl,
+                                bool *replaced);
+/* Removes one unit of vs, all of it or none. Returns the bytes freed. */
+uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u,
+                        struct notify_list *nl, bool in_line);
+/* Removes dir/name, bookkeeping the daemon repairs, if the name still is fd's file. */
+void kev_remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, struct notify_list *nl);
+
+/* prune.c: the directories eviction empties (EMPTIED DIRECTORIES); evict_lock held for all */
+bool kev_prunes(enum krt rt);
+void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *nl, bool first_now);
+void kev_prune_due(struct kfs *fs, struct notify_list *nl);
+void kev_prune_lost(struct kfs *fs, struct notify_list *nl);
+void kev_prune_lost_soon(struct kfs *fs, struct notify_list *nl);
+void kev_note_emptied(struct kfs *fs, const char *path, struct notify_list *nl);
+void kev_prune_free(struct kfs *fs);
+
+/* repair.c: the runtimes' own size records */
+/* evict_lock held. Runs the repairs of vs's units and the ones left over from earlier batches. */
+void kev_repair_all(struct kfs *fs, struct victims *vs, struct notify_list *nl);
+/* After ev->stop was set under evict_lock: ends the repairer thread. */
+void kev_repairer_stop(struct kfs *fs);
+void kev_repair_free(struct kfs *fs);
+
+/* space.c: reservations and the evictions they run */
+/* evict_lock held. Removes the victims that cover goal bytes (at most max_victims); fails with -ENOSPC,
+ * removing nothing, if they cannot cover must_free. Returns the bytes freed. */
+int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
+                        bool grace, struct notify_list *nl, bool help, bool in_line);
+/* Evicts until used plus reserved bytes are down to target, a batch per hold of evict_lock. */
+int64_t kev_evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace, bool in_line);
+
+/* descent.c: the background descent */
+uint64_t kev_low_watermark(struct kfs *fs);
+uint64_t kev_high_mark(struct kfs *fs);
+/* space_lock held. */
+void kev_descent_kick_locked(struct kfs *fs, uint64_t used, bool force);
+bool kev_descent_started_locked(struct kfs *fs);
+/* Ends the descent thread (after ev->descent.stop was set). */
+void kev_descent_join(struct kfs *fs);
+
+/* units.c: the runtimes' entries */
+/* Whether the file at path never goes (a runtime's lock or bookkeeping, a young temporary file). */
+bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
+/* Whether the directory rel is a runtime's own root inside its cache: emptied, it stays. */
+bool kev_runtime_root(const char *rel);
+/* The unit the file at path belongs to. */
+int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *ret);
+void kev_unit_free(struct kev_unit *u);
+
+/* reap.c: the last close of evicted files */
+/* Closes fd (an evicted file's last reference, holding bytes) on a reaper thread, or here if the queue
+ * holds kev_reap_bound() bytes already. */
+void kev_reap(struct kfs *fs, int fd, uint64_t bytes);

@@ -1,0 +1,260 @@
+/* repair.c: the runtimes' own records of their cache's size, after eviction removed files they count.
+ * NEO keeps a count in config.file and refuses to store once it passes its own limit; SYCL keeps one in
+ * cache_size.txt. Eviction removes what they count, so each record is rewritten with the true figure,
+ * under the runtime's own lock protocol, as the runtime itself would (../shared/docs/runtimes.md). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+/* Whether a regular file counts towards a runtime's own size: NEO counts its cache binaries
+ * (<hash>.cl_cache, .l0_cache, .ocloc_cache), SYCL every file but its size file and lock files. */
+static bool counted(enum krt rt, const char *n)
+{
+        size_t l = strlen(n);
+        if (rt == KRT_NEO)
+                return l > 6 && !strcmp(n + l - 6, "_cache");
+        return strcmp(n, KFS_SYCL_SIZE_FILE) && !(l > 5 && !strcmp(n + l - 5, ".lock"));
+}
+
+/* The runtime's own count of the cache below dfd: the sizes of its counted files, down as deep as the
+ * runtime itself looks (NEO: its two levels of hash directories). */
+static uint64_t tree_size(enum krt rt, int dfd, int depth)
+{
+        int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        uint64_t total = 0;
+        struct dirent *de;
+        if (!d) {
+                if (fd >= 0)
+                        close(fd);
+                return 0;
+        }
+        int max_depth = rt == KRT_NEO ? 2 : 16;
+        while ((de = readdir(d))) {
+                struct stat st;
+                const char *n = de->d_name;
+                if (!strcmp(n, ".") || !strcmp(n, "..") || fstatat(dirfd(d), n, &st, AT_SYMLINK_NOFOLLOW) < 0)
+                        continue; /* vanished meanwhile (evicted): it counts nothing */
+                if (S_ISREG(st.st_mode) && counted(rt, n))
+                        total += (uint64_t)st.st_size;
+                else if (S_ISDIR(st.st_mode) && depth < max_depth) {
+                        int c = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        if (c >= 0) {
+                                total += tree_size(rt, c, depth + 1);
+                                close(c);
+                        }
+                }
+        }
+        closedir(d);
+        return total;
+}
+
+/* No lock of ours held but evict_lock. fd is dir/name, which the daemon just rewrote behind the kernel's
+ * back. The inode is held by a lookup reference, not by itable_lock, while its lock is taken: an inode's
+ * lock comes before itable_lock (kfs.h, LOCK ORDER). */
+static void note_rewritten(struct kfs *fs, int fd, struct notify_list *nl)
+{
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+                return;
+        pthread_mutex_lock(&fs->itable_lock);
+        struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
+        if (in)
+                in->nlookup++; /* kept until kfs_inode_unref below */
+        kev_note_inode(fs, nl, in);
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (!in)
+                return;
+        pthread_mutex_lock(&in->lock);
+        kfs_inode_account_locked(fs, in, &st); /* T3: its bytes, as the index must hold them */
+        in->cache_ok = false; /* size and mtime are current now: the next open keeps no pages */
+        pthread_mutex_unlock(&in->lock);
+        kfs_inode_unref(fs, in, 1);
+}
+
+/* NEO's config.file, open as fd and locked (flock) by us: its count is rewritten in place with the true
+ * one, as NEO would count it. In place, not removed for NEO to recount: a NEO process opens config.file
+ * before it waits for the lock, and one whose file was removed meanwhile fails its store ("Cache
+ * failure"), as does a recount that meets a file evicted under it (NEO stats each file it lists). Since
+ * NEO opens it before locking, its pages may be in the kernel's cache from before our write: bookkeeping
+ * files are opened direct_io (kfs_inode.bookkeeping), so NEO's pread after the lock comes here. */
+static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
+{
+        size_t v = (size_t)tree_size(KRT_NEO, dfd, 0); /* NEO's format: one native size_t */
+        if (pwrite(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
+                kev_remove_noted(fs, dfd, KFS_NEO_SIZE_FILE, fd, nl); /* not writable: removed, NEO then recounts */
+        else
+                note_rewritten(fs, fd, nl);
+}
+
+/* Repairs a runtime's own size bookkeeping after its files were evicted, under the runtime's own lock
+ * protocol. Returns false if the runtime holds the lock now (try again later).
+ *   NEO:  rewrite config.file's count with the true one under its flock (neo_rewrite).
+ *   SYCL: rewrite cache_size.txt with the true size while holding cache_size.txt.lock (created O_EXCL, as
+ *         SYCL does). Rewriting, not removing: a missing file makes SYCL recount by walking a tree that
+ *         eviction may be changing under it. */
+static bool repair(struct kfs *fs, enum krt rt, const char *dir, struct notify_list *nl)
+{
+        int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (dfd < 0)
+                return true; /* gone: nothing to repair */
+        bool done = true;
+        if (rt == KRT_NEO) {
+                int fd = openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                if (fd >= 0) {
+                        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+                                neo_rewrite(fs, dfd, fd, nl);
+                        else
+                                done = false;
+                        close(fd); /* releases the lock */
+                }
+        } else if (rt == KRT_SYCL) {
+                int lk = openat(dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
+                if (lk >= 0) {
+                        int fd = openat(dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                        if (fd >= 0) {
+                                char v[32];
+                                int n = snprintf(v, sizeof(v), "%llu",
+                                                 (unsigned long long)tree_size(KRT_SYCL, dfd, 0));
+                                if (write(fd, v, (size_t)n) != n) /* a short write leaves a number SYCL rejects */
+                                        kev_remove_noted(fs, dfd, KFS_SYCL_SIZE_FILE, fd, nl);
+                                else
+                                        note_rewritten(fs, fd, nl);
+                                close(fd);
+                        }
+                        close(lk);
+                        unlinkat(dfd, KFS_SYCL_SIZE_LOCK, 0);
+                } else {
+                        done = errno != EEXIST;
+                }
+        }
+        close(dfd);
+        return done;
+}
+
+/* The repairer. NEO's processes take config.file's flock blocking, so they queue; an attempt with
+ * LOCK_NB only wins in the instant between one holder and the next, which under a busy NEO may never
+ * come, and NEO's count would then stay inflated (and NEO refuse to store) for as long as it is busy.
+ * So a NEO repair that found the lock held is handed to this thread, which queues for the lock like
+ * NEO's own processes and, once it holds it, rewrites config.file's count under evict_lock (the lock
+ * order is the flock, then evict_lock; eviction itself never waits for a flock). Stopped by
+ * kev_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. */
+
+static void drop_repair_locked(struct kfs *fs, enum krt rt, const char *dir)
+{
+        for (size_t k = 0; k < fs->ev->nrepairs; k++)
+                if (fs->ev->repairs[k].rt == rt && !strcmp(fs->ev->repairs[k].dir, dir)) {
+                        free(fs->ev->repairs[k].dir);
+                        fs->ev->repairs[k] = fs->ev->repairs[--fs->ev->nrepairs];
+                        return;
+                }
+}
+
+static void *repairer_main(void *arg)
+{
+        struct kfs *fs = arg;
+        pthread_mutex_lock(&fs->ev->evict_lock);
+        while (!fs->ev->stop) {
+                char *dir = NULL;
+                for (size_t k = 0; k < fs->ev->nrepairs && !dir; k++)
+                        if (fs->ev->repairs[k].rt == KRT_NEO)
+                                dir = strdup(fs->ev->repairs[k].dir);
+                if (!dir) {
+                        pthread_cond_wait(&fs->ev->repair_cond, &fs->ev->evict_lock);
+                        continue;
+                }
+                pthread_mutex_unlock(&fs->ev->evict_lock);
+                int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int fd = dfd < 0 ? -1 : openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
+                struct notify_list nl = { 0 };
+                pthread_mutex_lock(&fs->ev->evict_lock);
+                if (!fs->ev->stop && (locked || fd < 0)) {
+                        if (locked)
+                                neo_rewrite(fs, dfd, fd, &nl);
+                        drop_repair_locked(fs, KRT_NEO, dir);
+                }
+                pthread_mutex_unlock(&fs->ev->evict_lock);
+                kev_notify_all(fs, &nl);
+                if (fd >= 0)
+                        close(fd); /* releases the flock */
+                if (dfd >= 0)
+                        close(dfd);
+                free(dir);
+                pthread_mutex_lock(&fs->ev->evict_lock);
+        }
+        pthread_mutex_unlock(&fs->ev->evict_lock);
+        return NULL;
+}
+
+/* evict_lock held: a NEO repair waits; wake (or start) the repairer. */
+static void repairer_kick_locked(struct kfs *fs)
+{
+        if (!fs->ev->repairer_started) {
+                kfs_wake_signal_init();
+                fs->ev->repairer_started = pthread_create(&fs->ev->repairer, NULL, repairer_main, fs) == 0;
+        }
+        pthread_cond_signal(&fs->ev->repair_cond);
+}
+
+/* evict_lock held. Runs the repairs of this batch's units and the ones left over from earlier batches. */
+void kev_repair_all(struct kfs *fs, struct victims *vs, struct notify_list *nl)
+{
+        for (size_t i = 0; i < vs->nu; i++) {
+                if (!vs->u[i].repair)
+                        continue;
+                bool dup = false;
+                for (size_t k = 0; k < fs->ev->nrepairs && !dup; k++)
+                        dup = fs->ev->repairs[k].rt == vs->u[i].rt && !strcmp(fs->ev->repairs[k].dir, vs->u[i].repair);
+                struct kev_repair *nr = dup ? NULL : realloc(fs->ev->repairs, (fs->ev->nrepairs + 1) * sizeof(*nr));
+                if (nr) {
+                        fs->ev->repairs = nr;
+                        nr[fs->ev->nrepairs++] = (struct kev_repair){ vs->u[i].rt, vs->u[i].repair };
+                        vs->u[i].repair = NULL; /* now owned by fs->ev->repairs */
+                }
+        }
+        size_t keep = 0;
+        bool neo = false;
+        for (size_t k = 0; k < fs->ev->nrepairs; k++) {
+                if (repair(fs, fs->ev->repairs[k].rt, fs->ev->repairs[k].dir, nl)) {
+                        free(fs->ev->repairs[k].dir);
+                } else {
+                        neo |= fs->ev->repairs[k].rt == KRT_NEO;
+                        fs->ev->repairs[keep++] = fs->ev->repairs[k];
+                }
+        }
+        fs->ev->nrepairs = keep;
+        if (neo && !fs->ev->stop)
+                repairer_kick_locked(fs);
+}
+
+void kev_repairer_stop(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->ev->evict_lock);
+        bool started = fs->ev->repairer_started;
+        pthread_cond_broadcast(&fs->ev->repair_cond);
+        pthread_mutex_unlock(&fs->ev->evict_lock);
+        while (started) { /* a signal may come before the flock starts waiting: repeat until it ends */
+                pthread_kill(fs->ev->repairer, KFS_WAKE_SIGNAL);
+                struct timespec ts = kfs_deadline_ms(10);
+                started = pthread_timedjoin_np(fs->ev->repairer, NULL, &ts) != 0;
+        }
+        fs->ev->repairer_started = false;
+}
+
+void kev_repair_free(struct kfs *fs)
+{
+        for (size_t k = 0; k < fs->ev->nrepairs; k++)
+                free(fs->ev->repairs[k].dir);
+        free(fs->ev->repairs);
+        fs->ev->repairs = NULL;
+        fs->ev->nrepairs = 0;
+}
