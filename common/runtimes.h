@@ -25,11 +25,19 @@ struct krt_desc {
         const char *dir;
         const char *env;
         bool env_default;          /* printed by kcache env MOUNT with no runtime named */
-        /* Names never evicted: the runtime's locks, size bookkeeping and settings (NULL-terminated). */
+        /* Names never evicted, wherever they are: the runtime's locks, size bookkeeping and settings
+         * (NULL-terminated). Only names no other program's cache is likely to use. */
         const char *const *keep;
         /* Eviction leaves the directories it empties: the runtime makes a directory long before it stores
          * in it, or never again (fs/evict/prune.c, EMPTIED DIRECTORIES). */
         bool keeps_dirs;
+        /* The directories the runtime makes inside the one it is given, by the start of their name
+         * (Mesa's mesa_shader_cache*, PyOpenCL's pyopencl-compiler-cache-*, pytools' pdict-*): eviction
+         * never removes them, emptied (NULL-terminated, or NULL). */
+        const char *const *roots;
+        /* Names never evicted directly in one of those roots, and only there: a common name (Mesa's
+         * index) is the runtime's only in its own layout (NULL-terminated, or NULL). */
+        const char *const *keep_in_root;
 };
 
 extern const struct krt_desc krt_table[KRT__COUNT];
@@ -38,5 +46,10 @@ extern const struct krt_desc krt_table[KRT__COUNT];
 int krt_by_name(const char *name);
 /* Whether name (a file's last component) is one of some runtime's keep names, or a lock (*.lock). */
 bool krt_is_kept_name(const char *name);
+/* Whether the file at path (relative to the cache's root) is never evicted: a kept name, or a name kept
+ * in the runtime's own root directory, directly in one. */
+bool krt_is_kept_path(const char *path);
+/* Whether the directory at path is one a runtime makes inside the directory it is given (roots). */
+bool krt_is_root_dir(const char *path);
 /* Whether name is a lock file's: the bare name lock, or *.lock. */
 bool krt_is_lock_name(const char *name);

@@ -192,7 +192,7 @@ int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint6
                      bool grace, struct victims *vs)
 {
         size_t first = vs->n;
-        int64_t grace_cut = grace ? kfs_now_ns() - (int64_t)fs->o.grace_ms * 1000000 : INT64_MAX;
+        int64_t grace_cut = grace ? kev_now(fs) - (int64_t)fs->o.grace_ms * 1000000 : INT64_MAX;
         uint64_t newest = 0;
         int r = 0;
         for (size_t i = 0; i < u->n && r == 0; i++) {
@@ -260,7 +260,7 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
         struct kidx_lru_row rows[LRU_BATCH];
         struct seen_set ss = { 0 }, *sset = seen ? seen : &ss;
         uint64_t after = *cursor;
-        int64_t now = kfs_now_ns();
+        int64_t now = kev_now(fs);
         int r = 0;
         while (r == 0 && vs->bytes < goal && vs->n < max_victims) {
                 int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);

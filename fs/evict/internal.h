@@ -90,6 +90,8 @@ struct space_wait {
 /* Eviction's state: one per mount, fs->ev (state.c). Its locks' place in the daemon's order: evict.h,
  * LOCKS, and kfs.h, LOCK ORDER. */
 struct kev {
+        int64_t (*now)(void);         /* the clock of GRACE and of the eviction log: kfs_now_ns; a unit
+                                       * test sets its own */
         pthread_mutex_t evict_lock;   /* one eviction at a time */
         bool stop;                    /* unmounting: the repairer and the descent end; evict_lock */
 
@@ -152,6 +154,11 @@ struct kev_unit {
         bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
         bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
 };
+
+static inline int64_t kev_now(const struct kfs *fs)
+{
+        return fs->ev->now();
+}
 
 /* choose.c: what goes first */
 void kev_dircache_free(struct dircache *c);
@@ -224,8 +231,6 @@ void kev_descent_join(struct kfs *fs);
 /* units.c: the runtimes' entries */
 /* Whether the file at path never goes (a runtime's lock or bookkeeping, a young temporary file). */
 bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
-/* Whether the directory rel is a runtime's own root inside its cache: emptied, it stays. */
-bool kev_runtime_root(const char *rel);
 /* The unit the file at path belongs to. */
 int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *ret);
 void kev_unit_free(struct kev_unit *u);

@@ -79,7 +79,7 @@ int kev_evict_ino(struct kfs *fs, uint64_t ino)
         if (r == 1)
                 r = -EPERM; /* pinned by pattern */
         const char *path = v.nnames ? v.names[0].path : NULL;
-        if (r == 0 && (!path || kev_unit_protected(fs, path, f.atime_ns, kfs_now_ns())))
+        if (r == 0 && (!path || kev_unit_protected(fs, path, f.atime_ns, kev_now(fs))))
                 r = -EPERM;
         if (r == 0)
                 r = kev_unit_resolve(fs, path, &u);

@@ -39,10 +39,10 @@
 /* Whether eviction keeps the directory rel (relative to the backing root) even when it is empty: the root
  * of a runtime's cache, where a runtime expects it to stay. Those are the directories directly in the
  * mount's root (where kcache env and operators put each runtime's cache), the layout= directories, and
- * the roots runtimes make inside the directory they are given (kev_runtime_root). */
+ * the roots runtimes make inside the directory they are given (common/runtimes.c, roots). */
 static bool dir_kept(const struct kfs *fs, const char *rel)
 {
-        if (!strchr(rel, '/') || kev_runtime_root(rel))
+        if (!strchr(rel, '/') || krt_is_root_dir(rel))
                 return true;
         for (size_t i = 0; i < fs->o.nlayouts; i++)
                 if (!strcmp(fs->o.layouts[i].dir, rel))

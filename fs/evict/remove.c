@@ -195,7 +195,7 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
         if (fds != small)
                 free(fds);
         uint64_t freed = 0;
-        int64_t now = kfs_now_ns();
+        int64_t now = kev_now(fs);
         for (size_t k = 0; k < u->count; k++) {
                 struct victim *v = &vs->v[u->first + k];
                 if (!removed[k] || v->lives) {

@@ -54,7 +54,7 @@ int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_
                                                       !vs.v[i].nnames ? ""
                                                       : vs.v[i].names[0].path ? vs.v[i].names[0].path
                                                                               : vs.v[i].names[0].name };
-                int e = in ? kidx_evict_intents(fs->idx, vs.n, in, kfs_now_ns()) : -ENOMEM;
+                int e = in ? kidx_evict_intents(fs->idx, vs.n, in, kev_now(fs)) : -ENOMEM;
                 free(in);
                 if (e < 0)
                         freed = e;

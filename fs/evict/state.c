@@ -10,6 +10,7 @@ int kev_init(struct kfs *fs)
         struct kev *ev = calloc(1, sizeof(*ev));
         if (!ev)
                 return -ENOMEM;
+        ev->now = kfs_now_ns;
         pthread_mutex_init(&ev->evict_lock, NULL);
         pthread_mutex_init(&ev->space_lock, NULL);
         pthread_cond_init(&ev->space_cond, NULL);

@@ -92,7 +92,7 @@ static bool is_temporary(const char *path)
 
 bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)
 {
-        if (krt_is_kept_name(base_of(path))) /* locks, bookkeeping, settings (common/runtimes.c) */
+        if (krt_is_kept_path(path)) /* locks, bookkeeping, settings (common/runtimes.c) */
                 return true;
         if (is_temporary(path))
                 return now_ns - atime_ns < (int64_t)(fs->o.tmp_age * 1e9);
@@ -134,6 +134,27 @@ static bool exists_at(struct kfs *fs, const char *dir, const char *name)
         struct stat st;
         snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name);
         return fstatat(fs->root_fd, *p ? p : ".", &st, AT_SYMLINK_NOFOLLOW) == 0;
+}
+
+/* Whether the directory dir (relative) holds a directory. */
+static bool has_subdir(struct kfs *fs, const char *dir)
+{
+        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        bool found = false;
+        struct dirent *de;
+        while (d && !found && (de = readdir(d)))
+                if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+                        struct stat st;
+                        found = de->d_type == DT_DIR ||
+                                (de->d_type == DT_UNKNOWN && fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                                 S_ISDIR(st.st_mode));
+                }
+        if (d)
+                closedir(d);
+        else if (fd >= 0)
+                close(fd);
+        return found;
 }
 
 /* dir (relative) of path; "" for the root. */
@@ -317,6 +338,11 @@ static size_t numba_stem(const char *n)
         return b < e && b > 1 && n[b - 1] == '.' ? b - 1 : 0;
 }
 
+static int by_name(const void *a, const void *b)
+{
+        return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
 static bool is_nbi(const char *n)
 {
         return ends_with(n, ".nbi");
@@ -352,6 +378,22 @@ static const char *up_name(const char *d, int levels, char *buf, size_t size)
         }
         snprintf(buf, size, "%s", base_of(tmp));
         return buf;
+}
+
+/* Mesa-DB (MESA_DISK_CACHE_DATABASE): mesa_shader_cache_db/part<N>/mesa_cache.{db,idx}, a part's two files
+ * that Mesa keeps consistent with each other and wipes when they are not: the part goes whole. */
+static bool is_mesa_db_part(struct kfs *fs, const char *d, const char *path)
+{
+        char b[PATH_MAX];
+        const char *n = base_of(path);
+        (void)fs;
+        return !strncmp(base_of(d), "part", 4) && !strncmp(up_name(d, 1, b, sizeof(b)), "mesa_shader_cache_db", 20) &&
+               (!strcmp(n, "mesa_cache.db") || !strcmp(n, "mesa_cache.idx"));
+}
+
+static bool is_db_file(const char *n)
+{
+        return ends_with(n, ".db");
 }
 
 /* Whether dir/name, a lock file a runtime makes with O_EXCL and holds while it reads or writes its cache,
@@ -396,13 +438,6 @@ static bool is_pdict_item(struct kfs *fs, const char *d, const char *path)
         return strlen(base_of(d)) >= 20 && all_of(base_of(d), strlen(base_of(d)), isxdigit) &&
                all_hex(up_name(d, 1, b1, sizeof(b1)), 3) && all_hex(up_name(d, 2, b2, sizeof(b2)), 3) &&
                !strncmp(up_name(d, 3, c, sizeof(c)), "pdict-", 6);
-}
-
-bool kev_runtime_root(const char *rel)
-{
-        const char *b = base_of(rel);
-        return !strncmp(b, "pdict-", 6) || !strncmp(b, "pyopencl-compiler-cache-", 24) ||
-               !strncmp(b, "mesa_shader_cache", 17);
 }
 
 /* A unit that is a whole directory d (taken over), every file below it, first(name) ones first. */
@@ -483,6 +518,10 @@ int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
                         u->busy = true;
                 return r;
         }
+        if ((f == KRT_AUTO || f == KRT_MESA) && (d = ancestor_where(fs, path, 1, is_mesa_db_part))) {
+                free(dir);
+                return whole_dir_unit(fs, u, KRT_MESA, d, is_db_file);
+        }
         if ((f == KRT_AUTO || f == KRT_NUMBA) && (k = numba_stem(name))) {
                 u->rt = KRT_NUMBA;
                 u->root = dir;
@@ -496,6 +535,7 @@ int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
                         closedir(dd);
                 else if (fd >= 0)
                         close(fd);
+                qsort(u->members, u->n, sizeof(*u->members), by_name); /* the same order on every run */
                 to_front(u, is_nbi); /* the index first: without it, the function is a clean miss */
                 return r;
         }
@@ -512,9 +552,10 @@ int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
                 return whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_contents);
         }
         if ((f == KRT_AUTO || f == KRT_CUDA) && (d = ancestor_with(fs, dir, "index", 3))) {
-                /* the driver's index sits above hashed subdirectories; a lone "index" file elsewhere is not
-                 * it, and neither is Mesa's, whose entries go one by one (below) */
-                if (f == KRT_CUDA || (strcmp(d, dir) && !is_mesa_dir(d))) {
+                /* the driver's index sits above hashed subdirectories: a file below one, or the index itself
+                 * beside them. A lone "index" file elsewhere is not it, and neither is Mesa's, whose
+                 * entries go one by one (below) */
+                if (f == KRT_CUDA || (!is_mesa_dir(d) && (strcmp(d, dir) || has_subdir(fs, d)))) {
                         free(dir);
                         return whole_dir_unit(fs, u, KRT_CUDA, d, is_cuda_index);
                 }

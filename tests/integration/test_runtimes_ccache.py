@@ -18,7 +18,8 @@ pytestmark = pytest.mark.skipif(not shutil.which("ccache"), reason="needs Debian
 
 def sources():
     """The project's C files that build with the distribution's headers alone."""
-    files = sorted(glob.glob(os.path.join(ROOT, "fs", "*.c")) + glob.glob(os.path.join(ROOT, "index", "*.c")) +
+    files = sorted(glob.glob(os.path.join(ROOT, "fs", "*.c")) + glob.glob(os.path.join(ROOT, "fs", "evict", "*.c")) +
+                   glob.glob(os.path.join(ROOT, "index", "*.c")) +
                    glob.glob(os.path.join(ROOT, "common", "*.c")))
     return [f for f in files if not f.endswith("fuzz.c")]
 
