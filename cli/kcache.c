@@ -194,6 +194,9 @@ static int kc_stats(int argc, char **argv)
                         { "helped_writes", "counter" }, { "blocked_writes", "counter" },
                         { "background_evictions", "counter" }, { "index_bytes", "gauge" },
                         { "wal_bytes", "gauge" }, { "inode_fds", "gauge" }, { "fd_reopens", "counter" },
+                        { "refetches", "counter" }, { "refetch_bytes", "counter" },
+                        { "suggested_max_bytes", "gauge" }, { "refused_writes", "counter" },
+                        { "refused_need_bytes", "gauge" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -233,6 +236,18 @@ static int kc_stats(int argc, char **argv)
                 printf("index       %s on disk (%s of it write-ahead log), %s\n", a, b, index);
                 printf("descriptors %" PRIu64 " held for inodes, %" PRIu64 " reopened since mount\n",
                        kc_num(mount, "inode_fds"), kc_num(mount, "fd_reopens"));
+                uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
+                if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */
+                        kc_human(kc_num(mount, "refetch_bytes"), a, sizeof(a));
+                        kc_human(kc_num(mount, "suggested_max_bytes"), b, sizeof(b));
+                        printf("refetches   %" PRIu64 " files (%s) evicted, then stored again; a limit of %s would have "
+                               "kept 9 in 10 of them\n", refetches, a, b);
+                }
+                if (refused) { /* the limit is too small for what runs at once */
+                        kc_human(kc_num(mount, "refused_need_bytes"), a, sizeof(a));
+                        printf("refused     %" PRIu64 " writes found nothing left to evict (open, pinned or in use); "
+                               "they needed a limit of %s\n", refused, a);
+                }
                 if (users) {
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);

@@ -10,7 +10,9 @@
  *                      another request's eviction, evict/evict.h HELPING), blocked_writes (writes that
  *                      found no room and waited for an eviction), background_evictions (descents to
  *                      the low watermark run ahead of the writes, evict/evict.h HOW FAR), index_bytes
- *                      (the index's database and WAL on disk), wal_bytes (the WAL alone), stats (JSON)
+ *                      (the index's database and WAL on disk), wal_bytes (the WAL alone), inode_fds,
+ *                      fd_reopens, refetches, refetch_bytes, suggested_max_bytes, refused_writes,
+ *                      refused_need_bytes (evict/misses.c), stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
@@ -58,14 +60,17 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 ",\"helped_writes\":%" PRIu64
                         ",\"blocked_writes\":%" PRIu64 ",\"background_evictions\":%" PRIu64
                         ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 ",\"inode_fds\":%" PRIu64
-                        ",\"fd_reopens\":%" PRIu64 "}",
+                        ",\"fd_reopens\":%" PRIu64 ",\"refetches\":%" PRIu64 ",\"refetch_bytes\":%" PRIu64
+                        ",\"suggested_max_bytes\":%" PRIu64 ",\"refused_writes\":%" PRIu64
+                        ",\"refused_need_bytes\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
                         fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
                         kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
                         ec.helped_writes, ec.blocked_writes,
                         ec.descents, s.db_bytes + s.wal_bytes, s.wal_bytes,
-                        kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens));
+                        kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens), ec.refetches, ec.refetch_bytes,
+                        ec.suggested_max_bytes, ec.refused_writes, ec.refused_need_bytes);
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -98,6 +103,9 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "background_evictions", ec.descents },
                 { "index_bytes", s.db_bytes + s.wal_bytes }, { "wal_bytes", s.wal_bytes },
                 { "inode_fds", kfs_inode_fds_open(fs) }, { "fd_reopens", atomic_load(&fs->fdc.reopens) },
+                { "refetches", ec.refetches }, { "refetch_bytes", ec.refetch_bytes },
+                { "suggested_max_bytes", ec.suggested_max_bytes }, { "refused_writes", ec.refused_writes },
+                { "refused_need_bytes", ec.refused_need_bytes },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

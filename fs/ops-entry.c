@@ -322,6 +322,8 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
                 fuse_reply_err(req, -r);
                 return;
         }
+        if (S_ISREG(st.st_mode))
+                kev_miss_made(fs, dfd, name); /* (evict/misses.c) */
         kfs_inode_fd_put(fs, dir, dfd);
         if (S_ISREG(st.st_mode))
                 kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
@@ -493,6 +495,8 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         kfs_names_lock(fs, od->bino, nd->bino); /* (kfs.h, name_locks) */
         int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
         kfs_names_unlock(fs, od->bino, nd->bino);
+        if (moved == 0 && !replaced && !exchange && S_ISREG(src.st_mode)) /* stored by temp and rename */
+                kev_miss_made(fs, nfd, newname); /* (evict/misses.c) */
         kfs_inode_fd_put(fs, nd, nfd);
         kfs_inode_fd_put(fs, od, ofd);
         if (moved < 0) {

@@ -212,6 +212,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, st.st_uid, kfs_now_ns());
                 kidx_add_dent(fs->idx, dir->bino, name, st.st_ino, KIDX_REG);
                 indexed = true;
+                kev_miss_made(fs, dfd, name); /* a name eviction took, back? (evict/misses.c) */
         }
         /* The entry of the file opened here, not of what the name holds by now: eviction, or a runtime
          * repair (NEO's config.file), may already have removed it, and the caller still gets its file. */

@@ -20,6 +20,7 @@
  *               after their files went, under the runtime's own lock
  *   reap.c      the last close of evicted files, off the request path (its own essay)
  *   operator.c  what an operator asks for: evict to a size, files older than a time, one file
+ *   misses.c    what a limit too small costs: names evicted that came back, writes refused (its essay)
  *   state.c     the state (struct kev, internal.h): made, started, stopped, freed; its counters
  *
  * WHAT IS COUNTED. Used bytes are the allocated bytes (st_blocks * 512) of the regular files in the cache,
@@ -181,10 +182,19 @@ void kev_reap_stop(struct kfs *fs);
 /* The most bytes of evicted files whose blocks the backing filesystem may still hold. */
 uint64_t kev_reap_bound(const struct kfs *fs);
 
+/* A regular file appeared under name in the directory open at dfd (created, made, renamed into place):
+ * a refetch if eviction removed that name lately (misses.c). No lock of ours held. */
+void kev_miss_made(struct kfs *fs, int dfd, const char *name);
+
 /* What eviction has done since mount, for kcache stats. */
 struct kev_counts {
         uint64_t helped_writes;   /* writes granted room by another request's eviction (HELPING) */
         uint64_t blocked_writes;  /* writes that found no room and waited for an eviction */
         uint64_t descents;        /* background descents */
+        uint64_t refetches;       /* names evicted lately that came back: misses the limit caused */
+        uint64_t refetch_bytes;   /* what those names held when they were evicted */
+        uint64_t suggested_max_bytes; /* a limit that would have kept 90% of them; 0: no refetch */
+        uint64_t refused_writes;  /* writes refused with nothing left to evict (open, pinned, young) */
+        uint64_t refused_need_bytes; /* the largest limit one of them needed */
 };
 void kev_counts(struct kfs *fs, struct kev_counts *c);

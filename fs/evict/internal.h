@@ -87,6 +87,27 @@ struct space_wait {
 };
 
 
+/* What a limit too small costs (misses.c). */
+#define KEV_MISS_BUCKETS 256
+struct kev_miss_slot {
+        uint64_t hash;            /* of the evicted name's path; 0: none (or counted) */
+        uint64_t evicted_before;  /* bytes evicted since mount before it */
+        uint64_t bytes;
+};
+struct kev_misses {
+        pthread_mutex_t lock;     /* a leaf */
+        _Atomic bool on;          /* something was evicted: new names are looked up */
+        struct kev_miss_slot *slot; /* the last MISS_WINDOW evicted names, a ring; lock */
+        size_t next;              /* lock */
+        kmap at;                  /* hash -> its slot + 1; lock */
+        uint64_t evicted_bytes;   /* since mount; lock */
+        uint64_t refetches, refetch_bytes; /* lock */
+        uint64_t buckets[KEV_MISS_BUCKETS]; /* refetches by the bytes evicted from their eviction to their
+                                     return, their own included, 4 buckets per power of two; lock */
+        uint64_t refused, refused_need; /* writes refused with nothing left to evict, and the largest
+                                           limit one of them needed; lock */
+};
+
 /* Eviction's state: one per mount, fs->ev (state.c). Its locks' place in the daemon's order: evict.h,
  * LOCKS, and kfs.h, LOCK ORDER. */
 struct kev {
@@ -118,6 +139,8 @@ struct kev {
         pthread_cond_t repair_cond;   /* a NEO repair waits: wakes the repairer; with evict_lock */
         pthread_t repairer;           /* takes NEO's flock blocking, queued like NEO's own processes */
         bool repairer_started;        /* evict_lock */
+
+        struct kev_misses miss;       /* misses.c */
 
         struct {                      /* directories emptied by eviction (prune.c) */
                 char **rel;             /* named too recently to go yet: paths below the root; evict_lock */
@@ -234,6 +257,14 @@ bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns
 /* The unit the file at path belongs to. */
 int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *ret);
 void kev_unit_free(struct kev_unit *u);
+
+/* misses.c: what a limit too small costs */
+/* An eviction removed the name at path (relative to the backing root), of a file of bytes. */
+void kev_miss_evicted(struct kfs *fs, const char *path, uint64_t bytes);
+/* A write was refused with nothing left to evict; it needed a limit of needed bytes. */
+void kev_miss_refused(struct kfs *fs, uint64_t needed);
+void kev_miss_counts(struct kfs *fs, struct kev_counts *c);
+void kev_miss_free(struct kfs *fs);
 
 /* reap.c: the last close of evicted files */
 /* Closes fd (an evicted file's last reference, holding bytes) on a reaper thread, or here if the queue

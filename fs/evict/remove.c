@@ -207,6 +207,9 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                 }
                 const char *path = v->names[0].path ? v->names[0].path : v->names[0].name;
                 freed += v->has_row ? kidx_evicted_row(fs->idx, &v->row, path, now) : kidx_evicted(fs->idx, v->ino, path, now);
+                for (size_t i = 0; i < v->nnames; i++) /* remembered: a name that comes back is a refetch */
+                        if (v->names[i].removed && v->names[i].path)
+                                kev_miss_evicted(fs, v->names[i].path, v->bytes);
                 for (size_t i = 0; kev_prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
                         if (v->names[i].removed && v->names[i].path)
                                 kev_note_emptied(fs, v->names[i].path, nl);

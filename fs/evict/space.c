@@ -135,8 +135,10 @@ static bool wait_for_help(struct kfs *fs, uint64_t bytes)
 
 int kev_reserve(struct kfs *fs, uint64_t bytes)
 {
-        if (bytes > fs->o.max_size)
+        if (bytes > fs->o.max_size) {
+                kev_miss_refused(fs, kidx_used(fs->idx) + bytes);
                 return -ENOSPC;
+        }
         pthread_mutex_lock(&fs->ev->space_lock);
         bool ok = !fs->ev->evicting && try_reserve_locked(fs, bytes);
         pthread_mutex_unlock(&fs->ev->space_lock);
@@ -188,6 +190,8 @@ int kev_reserve(struct kfs *fs, uint64_t bytes)
                 }
                 if (r == 0 && !ok)
                         r = -ENOSPC;
+                if (r == -ENOSPC) /* what is left is open, pinned or young (misses.c, REFUSED WRITES) */
+                        kev_miss_refused(fs, used + reserved + bytes);
                 pthread_mutex_lock(&fs->ev->space_lock);
                 grant_waiters_locked(fs); /* what is left after ours */
                 fs->ev->evicting = false;

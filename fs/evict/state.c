@@ -19,6 +19,8 @@ int kev_init(struct kfs *fs)
         pthread_mutex_init(&ev->reap.lock, NULL);
         pthread_cond_init(&ev->reap.cond, NULL);
         kmap_init(&ev->prune.lost_at);
+        pthread_mutex_init(&ev->miss.lock, NULL);
+        kmap_init(&ev->miss.at);
         fs->ev = ev;
         return 0;
 }
@@ -50,6 +52,7 @@ void kev_free(struct kfs *fs)
                 return;
         kev_prune_free(fs);
         kev_repair_free(fs);
+        kev_miss_free(fs);
         free(fs->ev->reap.q);
         pthread_mutex_destroy(&fs->ev->evict_lock);
         pthread_mutex_destroy(&fs->ev->space_lock);
@@ -63,4 +66,5 @@ void kev_counts(struct kfs *fs, struct kev_counts *c)
         c->helped_writes = atomic_load(&fs->ev->helped_writes);
         c->blocked_writes = atomic_load(&fs->ev->blocked_writes);
         c->descents = atomic_load(&fs->ev->descent.runs);
+        kev_miss_counts(fs, c);
 }

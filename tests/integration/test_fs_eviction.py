@@ -489,3 +489,51 @@ def test_the_backing_filesystem_holds_at_most_the_limit_and_the_reap_bound(kfs):
     # Directories and the files being written are inside the limit; tmpfs counts a directory as no blocks.
     print(f"worst: {worst - limit} bytes over the limit, {samples} samples")
     assert worst <= limit + bound, f"the backing filesystem held {worst - limit} bytes over the limit"
+
+
+def test_a_limit_too_small_says_so(kfs):
+    """When the limit is below the working set, kcache stats says what it costs (evict/misses.c): names
+    evicted that are stored again (created, or renamed into place as most runtimes store), with a limit
+    that would have kept them; and writes refused because all that is left is open, with the limit they
+    needed. An 8-file working set of 256 KiB through a 1 MiB cache: each pass evicts the files the next
+    one needs."""
+    m = kfs({"max_size": "1M", "grace_ms": "0", "low_watermark": "100"})
+    assert counter(m, "refetches") == 0 and counter(m, "suggested_max_bytes") == 0
+    for rnd in range(2):
+        for i in range(8):
+            name = f"w{i}"
+            if os.path.exists(m.path(name)):
+                continue  # a hit
+            tmp = m.path(f".tmp{i}")  # stored by temp and rename, every other one
+            with open(tmp if i % 2 else m.path(name), "wb") as f:
+                f.write(bytes([i]) * (256 * K))
+            if i % 2:
+                os.rename(tmp, m.path(name))
+    refetches = counter(m, "refetches")
+    assert refetches >= 6, refetches  # the second pass found almost nothing
+    assert counter(m, "refetch_bytes") >= refetches * 256 * K
+    suggested = counter(m, "suggested_max_bytes")
+    # kept by a limit about twice the working set (2 MiB): more than the limit, not absurdly more
+    assert (1 << 20) + 1 * (1 << 20) <= suggested <= (1 << 20) + 4 * (1 << 20), suggested
+    assert counter(m, "refused_writes") == 0
+
+    # Everything open: a new file finds nothing to evict.
+    held = [open(m.path(f"w{i}"), "rb") for i in range(8) if os.path.exists(m.path(f"w{i}"))]
+    try:
+        with pytest.raises(OSError) as e:
+            with open(m.path("big"), "wb") as f:
+                f.write(b"x" * (512 * K))
+        assert e.value.errno == errno.ENOSPC
+    finally:
+        for f in held:
+            f.close()
+    assert counter(m, "refused_writes") >= 1
+    need = counter(m, "refused_need_bytes")
+    assert (1 << 20) < need <= (1 << 20) + 512 * K + 64 * K, need
+
+    js = subprocess.run([KCACHE, "stats", "--json", m.mnt], capture_output=True, text=True, check=True).stdout
+    assert f'"refetches":{counter(m, "refetches")}' in js and '"refused_writes":' in js
+    prom = subprocess.run([KCACHE, "stats", "--prometheus", m.mnt], capture_output=True, text=True, check=True).stdout
+    assert "kcachefs_refetches_total{" in prom and "kcachefs_suggested_max_bytes{" in prom
+    plain = subprocess.run([KCACHE, "stats", m.mnt], capture_output=True, text=True, check=True).stdout
+    assert "refetches" in plain and "would have kept 9 in 10" in plain and "refused" in plain, plain
