@@ -89,6 +89,33 @@ pid_t kfs_tgid_of(pid_t tid)
         return t ? (pid_t)atoi(t + 6) : 0;
 }
 
+uint64_t kfs_proc_start(pid_t pid)
+{
+        if (pid <= 0)
+                return 0;
+        char path[64], buf[1024];
+        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return 0;
+        ssize_t n = read(fd, buf, sizeof(buf) - 1);
+        close(fd);
+        if (n <= 0)
+                return 0;
+        buf[n] = 0;
+        const char *p = strrchr(buf, ')'); /* the name may hold anything */
+        if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
+                return 0; /* a zombie has exited: it holds nothing any more */
+        /* after the name: state (field 3) ... starttime (field 22) */
+        p += 2;
+        for (int field = 3; field < 22 && p; field++) {
+                p = strchr(p, ' ');
+                if (p)
+                        p++;
+        }
+        return p ? strtoull(p, NULL, 10) : 0;
+}
+
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
 {
         pid_t want = pid > 0 ? kfs_tgid_of(pid) : 0;

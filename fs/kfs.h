@@ -94,6 +94,8 @@ struct kfs_opts {
         int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
         int nouring;              /* never use FUSE over io_uring (ring.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
+        int stale_locks;          /* a lock file whose creator has exited is removed when looked up
+                                     (ops-entry.c, STALE LOCKS) */
         char **pins;              /* parsed pin patterns, NULL-terminated */
         char *layout_str;         /* -o layout= */
         struct kfs_layout *layouts;
@@ -125,6 +127,8 @@ struct kfs_inode {
                                      set under fs->itable_lock */
         pid_t creator;            /* the process that created it through the mount, for a lock file (the name
                                      lock or *.lock), else 0 (evict/units.c: whose store holds a runtime's lock) */
+        uint64_t creator_start;   /* when that process started (clock ticks since boot), which tells it from a
+                                     later one with its pid (ops-entry.c, STALE LOCKS); 0: unknown */
         _Atomic bool unlinked;    /* no name left: not accounted any more; set under lock, read anywhere
                                      (a name found for its number later is a new file's: inode.c) */
         bool bookkeeping;         /* a runtime's size file that eviction rewrites behind the kernel's back
@@ -343,6 +347,8 @@ void kfs_settle_stop(struct kfs *fs);
 /* flock.c */
 /* The process a thread belongs to (requests carry thread ids), or 0. */
 pid_t kfs_tgid_of(pid_t tid);
+/* When process pid started (clock ticks since boot, /proc/PID/stat), or 0 if there is no such process. */
+uint64_t kfs_proc_start(pid_t pid);
 /* Whether a thread of process pid (a thread id, as requests carry) holds a flock on bino through us. */
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 /* Interrupts and waits out the flock() waiters (before the session goes). */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
@@ -92,11 +93,66 @@ int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int
         return 0;
 }
 
+static void forget_name_of_file(struct kfs *fs, const struct stat *st);
+
+/* STALE LOCKS (-o stale_locks). Runtimes that lock by creating a file with O_EXCL and removing it when
+ * done (torch extensions' `lock`, PyOpenCL's, SYCL's <n>.lock) leave it behind when killed, and every
+ * later process waits for it to go: torch extensions forever. Only the filesystem knows who made a lock
+ * file: the process that created it through the mount (its pid and start time, so that a later process
+ * given the same pid is not taken for it). When a lock file is looked up (the waiters poll for it) and
+ * its creator has exited, nobody has it open through the mount, and nobody holds a flock on it, it is
+ * removed, said on stderr (syslog when detached), and the lookup misses. A lock made before this daemon
+ * started, or by the daemon itself, has no known creator and is never removed. Returns true if it went. */
+static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char *name, struct kfs_inode *in)
+{
+        if (!fs->o.stale_locks || !krt_is_lock_name(name) || !S_ISREG(in->type) || !in->creator ||
+            !in->creator_start || kfs_proc_start(in->creator) == in->creator_start)
+                return false;
+        pthread_mutex_lock(&fs->itable_lock);
+        bool open = in->readers || in->writers;
+        pthread_mutex_unlock(&fs->itable_lock);
+        int dfd = open ? -1 : kfs_inode_fd(fs, dir);
+        if (dfd < 0)
+                return false;
+        bool gone = false;
+        int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        struct stat st;
+        /* still that file, and no flock on it (through the mount or beside it): ours is dropped at close */
+        if (fd >= 0 && fstat(fd, &st) == 0 && st.st_ino == in->bino && flock(fd, LOCK_EX | LOCK_NB) == 0) {
+                int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC); /* not fd: it has our flock */
+                if (hold >= 0)
+                        kfs_inode_unnamed(fs, &st, dir, name, hold); /* (inode.c, DESCRIPTORS) */
+                kfs_names_lock(fs, dir->bino, dir->bino);
+                struct stat cur;
+                gone = fstatat(dfd, name, &cur, AT_SYMLINK_NOFOLLOW) == 0 && cur.st_ino == st.st_ino &&
+                       unlinkat(dfd, name, 0) == 0;
+                kfs_names_unlock(fs, dir->bino, dir->bino);
+                if (hold >= 0)
+                        close(hold);
+        }
+        if (gone) {
+                kidx_del_dent(fs->idx, dir->bino, name);
+                if (fstat(fd, &st) == 0) /* its names now */
+                        forget_name_of_file(fs, &st);
+                fprintf(stderr, "kcachefs: removed the stale lock '%s' (its creator, pid %d, has exited)\n", name,
+                        (int)in->creator);
+        }
+        if (fd >= 0)
+                close(fd); /* and with it our flock */
+        kfs_inode_fd_put(fs, dir, dfd);
+        return gone;
+}
+
 void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
         struct kfs *fs = kfs_of(req);
         struct fuse_entry_param e;
-        int r = kfs_do_lookup(fs, kfs_inode_get(fs, parent), name, &e);
+        struct kfs_inode *dir = kfs_inode_get(fs, parent);
+        int r = kfs_do_lookup(fs, dir, name, &e);
+        if (r == 0 && fs->o.stale_locks && remove_stale_lock(fs, dir, name, kfs_inode_get(fs, e.ino))) {
+                kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* the lookup's reference: not replied */
+                r = -ENOENT;
+        }
         if (r == -ENOENT) {
                 /* A negative entry: the kernel caches the miss until a create through the mount. */
                 memset(&e, 0, sizeof(e));

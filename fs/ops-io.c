@@ -221,8 +221,10 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         if (r < 0)
                 goto fail;
         struct kfs_inode *in = kfs_inode_get(fs, e.ino);
-        if (created && krt_is_lock_name(name)) /* whose it is (evict/units.c) */
+        if (created && krt_is_lock_name(name)) { /* whose it is (evict/units.c; ops-entry.c, STALE LOCKS) */
                 in->creator = kfs_tgid_of(fuse_req_ctx(req)->pid);
+                in->creator_start = kfs_proc_start(in->creator);
+        }
         count_open(fs, in, is_writer(flags), 1);
         kev_writer = fuse_req_ctx(req)->pid;
         refresh(fs, in, fd);

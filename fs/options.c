@@ -108,6 +108,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("timeout=%lf", timeout),
         OPT("flush_ms=%u", flush_ms),
         OPT("nolog", nolog),
+        OPT("stale_locks", stale_locks),
         OPT("nopassthrough", nopassthrough),
         OPT("nouring", nouring),
         FUSE_OPT_KEY("uring", FUSE_OPT_KEY_DISCARD), /* the default, accepted where said explicitly */

@@ -10,10 +10,12 @@ import multiprocessing as mp
 import os
 import random
 import struct
+import subprocess
+import sys
 import time
 
 
-from conftest import backing_files
+from conftest import backing_files, wait_for
 from test_cli_kcache import kcache
 
 K = 1024
@@ -516,6 +518,66 @@ def test_mesa_entries_go_one_by_one_and_its_index_stays(kfs):
     assert all(os.path.exists(e) for e in entries[-8:])  # the newest stay
     for e in left:
         assert open(e, "rb").read() == payload(entries.index(e), 32 * K)
+
+
+LOCKER = """
+import os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)  # torch's FileBaton, PyOpenCL's lock
+if sys.argv[2] == "close":
+    os.close(fd)  # some keep it open while they work, some do not
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def make_lock(path, keep_open=True):
+    """A process that creates the lock file through the mount as a runtime does, then waits."""
+    p = subprocess.Popen([sys.executable, "-c", LOCKER, path, "keep" if keep_open else "close"],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "locked"
+    return p
+
+
+def killed(p):
+    p.kill()
+    p.wait()
+
+
+def test_a_stale_lock_goes_when_its_creator_has_exited(kfs, tmp_path):
+    """-o stale_locks: a lock file whose creator was killed (torch extensions then wait for it forever)
+    is removed when a waiter looks it up, and only then: never while its creator lives, while anyone holds
+    a flock on it, while it is open, or without the option."""
+    m = kfs({"stale_locks": True, "timeout": "0.2"})
+    os.makedirs(m.path("ext"))
+    dead = m.path("ext", "lock")
+    killed(make_lock(dead))
+    wait_for(lambda: not os.path.exists(dead), timeout=10, what="the stale lock's removal")
+    assert "ext" in os.listdir(m.mnt) and os.listdir(m.path("ext")) == []
+    p = make_lock(dead)  # the next builder takes the lock as usual
+    try:
+        alive = m.path("alive.lock")
+        q = make_lock(alive, keep_open=False)  # not open: only its creator's life keeps it
+        time.sleep(1)
+        assert os.path.exists(alive) and os.path.exists(dead)  # their creators live
+    finally:
+        killed(p)
+    # Held with a flock by another process (on the backing file itself): it stays, creator dead or not.
+    with open(os.path.join(m.backing, "ext", "lock"), "rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        time.sleep(1)
+        assert os.path.exists(dead)
+    wait_for(lambda: not os.path.exists(dead), timeout=10, what="the stale lock's removal")
+    killed(q)
+    wait_for(lambda: not os.path.exists(alive), timeout=10, what="the other stale lock's removal")
+    index_matches_tree(m)
+
+
+def test_stale_locks_stay_without_the_option(kfs):
+    m = kfs({"timeout": "0.2"})
+    lock = m.path("lock")
+    killed(make_lock(lock))
+    time.sleep(1.5)
+    assert os.path.exists(lock)  # a lock is the runtime's business unless asked
 
 
 def test_lock_files_and_ccache_settings_are_never_evicted(kfs):
