@@ -191,18 +191,22 @@ static int reopen_by_index(struct kfs *fs, struct kfs_inode *in)
         for (size_t i = 0; i < ns.n; i++) {
                 char path[PATH_MAX];
                 struct stat st;
-                int l = kidx_dir_path(fs->idx, ns.dir[i], path, sizeof(path));
+                if (fd >= 0 || kidx_dir_path(fs->idx, ns.dir[i], path, sizeof(path)) < 0)
+                        continue;
                 size_t len = strlen(path);
-                if (fd >= 0 || l < 0 || snprintf(path + len, sizeof(path) - len, "%s%s", len ? "/" : "", ns.name[i]) >=
-                                                (int)(sizeof(path) - len))
+                if (snprintf(path + len, sizeof(path) - len, "%s%s", len ? "/" : "", ns.name[i]) >=
+                    (int)(sizeof(path) - len))
                         continue;
-                fd = openat(fs->root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-                if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type)) {
-                        close(fd);
-                        fd = -ESTALE;
+                /* A name that is gone or holds another file is no way back to it: -ESTALE, never -1 (a
+                 * failed openat's), which the caller would have replied as EPERM. */
+                int f = openat(fs->root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                if (f >= 0 && (fstat(f, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type)) {
+                        close(f);
+                        f = -1;
                 }
-                if (fd < 0)
+                if (f < 0)
                         continue;
+                fd = f;
                 pthread_mutex_lock(&fs->itable_lock);
                 struct kfs_inode *dir = ns.dir[i] == fs->root.bino ? &fs->root : kfs_inode_find_locked(fs, ns.dir[i]);
                 struct kfs_inode *old = dir ? seen_at_locked(fs, in, dir, ns.name[i]) : NULL;

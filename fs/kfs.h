@@ -33,7 +33,8 @@
  *   ev->space_lock      reservations and the background descent's state (evict/space.c)
  *   the index's locks   db_lock before batch_lock, and rd_lock (index/kidx-internal.h)
  * and these leaves, under which no other lock is ever taken: fs->fdc.lock (inode.c), ev->reap.lock
- * (evict/reap.c), fs->flock.lock (flock.c), fs->pt.lock (passthrough.c), each ring's (ring.c).
+ * (evict/reap.c), ev->miss.lock (evict/misses.c), fs->flock.lock (flock.c), fs->pt.lock
+ * (passthrough.c), each ring's (ring.c).
  * No lock of ours is held while a reply is sent or while the kernel is notified, and the daemon only sends
  * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). */
 #pragma once

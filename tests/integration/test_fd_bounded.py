@@ -110,6 +110,34 @@ def test_evicted_files_the_kernel_remembers_hold_no_descriptor(kfs, reopen):
     assert gone > 0
 
 
+def test_an_inode_whose_names_are_all_gone_answers_estale_never_eperm(kfs):
+    """Without file handles, an inode whose remembered name went (a link removed) reopens its idle
+    descriptor by the index's names. When none of them holds it any more (here renamed behind the
+    daemon's back), the open must answer ESTALE, on which the kernel looks the name up again: the failed
+    openat's -1 was returned as -errno, and the stress test's O_CREAT open got EPERM, one run in a dozen."""
+    m = kfs({"max_size": "64M", "inode_fds": "2"}, fs="ext4", tmpfs_size="64m", start=False)
+    start_limited(m, "name", 1024)
+    d = m.path("d")
+    os.mkdir(d)
+    with open(os.path.join(d, "a"), "wb") as f:
+        f.write(b"x" * 4096)
+    os.link(os.path.join(d, "a"), os.path.join(d, "b"))
+    os.stat(os.path.join(d, "a"))  # remembered by this name
+    os.unlink(os.path.join(d, "a"))  # now it reopens by the index's names: b
+    os.stat(os.path.join(d, "b"))  # the kernel holds b's entry (timeout) and inode
+    for i in range(8):  # other inodes push its descriptor out of the idle set (inode_fds=2)
+        with open(os.path.join(d, f"other{i}"), "wb") as f:
+            f.write(b"o")
+    os.rename(os.path.join(m.backing, "d", "b"), os.path.join(m.backing, "d", "c"))  # behind its back
+    try:
+        fd = os.open(os.path.join(d, "b"), os.O_WRONLY | os.O_CREAT, 0o644)
+        os.close(fd)  # looked up again after ESTALE: b is gone, so O_CREAT made a new one
+        assert os.path.getsize(os.path.join(d, "b")) == 0
+    except FileNotFoundError:
+        pass  # the name's cached entry had expired: a plain new file, the same outcome
+    assert not os.path.exists(os.path.join(d, "a"))
+
+
 @pytest.mark.parametrize("reopen", ["handle", "name"])
 def test_a_new_file_on_the_number_of_a_removed_one_is_counted(kfs, reopen):
     """ext4 gives a removed file's inode number to the next file made. The removed file's inode lives on
