@@ -1,7 +1,8 @@
 """One pass of GPU runtime work whose caches live in a kcachefs mount (run by run-gpu-checks.sh, on the
 GPU machine, twice): distinct Triton kernels, CUDA kernels JIT-compiled by the driver from PTX (CuPy with
-CUPY_COMPILE_WITH_PTX=1), and JAX functions with its persistent compilation cache. Every result is
-checked; prints one line per runtime with the pass's total time."""
+CUPY_COMPILE_WITH_PTX=1, its own cache in CUPY_CACHE_DIR), JAX functions with its persistent compilation
+cache, and PyTorch Inductor graphs (its FX graph cache in TORCHINDUCTOR_CACHE_DIR). Every result is
+checked; prints one line per runtime with the pass's total time (and Inductor's cache hits)."""
 import os
 import sys
 import time
@@ -9,7 +10,8 @@ import time
 import numpy as np
 
 PASS = sys.argv[1] if len(sys.argv) > 1 else "?"
-N_TRITON, N_CUDA, N_JAX = 24, 24, 8
+ONLY = sys.argv[2:]  # runtimes to run (default: all), in this order
+N_TRITON, N_CUDA, N_JAX, N_INDUCTOR = 24, 24, 8, 12
 
 
 def triton_part():
@@ -66,9 +68,38 @@ def jax_part():
     return time.perf_counter() - t0
 
 
-for name, part in (("triton", triton_part), ("cuda-ptx-jit", cuda_part), ("jax", jax_part)):
+def inductor_part():
+    import torch
+    import torch._inductor.config as ic
+    from torch._dynamo.utils import counters
+    ic.fx_graph_cache = True
+    x = torch.arange(4096, device="cuda", dtype=torch.float32) / 4096
+    t0 = time.perf_counter()
+    for i in range(N_INDUCTOR):  # each constant is a distinct graph, a distinct FX cache entry
+        def f(v, a=float(i + 1), b=float(i + 2)):
+            return torch.sin(v) * a + torch.cos(v * b)
+        got = torch.compile(f, dynamic=False)(x)
+        assert torch.allclose(got, f(x), atol=1e-4), f"inductor graph {i} wrong"
+        torch._dynamo.reset()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    c = counters["inductor"]
+    return dt, f"fx graph cache {c['fxgraph_cache_hit']} hits, {c['fxgraph_cache_miss']} misses"
+
+
+def cupy_cache_files():
+    d = os.environ.get("CUPY_CACHE_DIR", "")
+    return sum(len(fs) for _, _, fs in os.walk(d)) if d else 0
+
+
+PARTS = {"triton": triton_part, "cuda-ptx-jit": cuda_part, "jax": jax_part, "inductor": inductor_part}
+for name in ONLY or list(PARTS):
     try:
-        print(f"pass {PASS} {name}: {part():.2f} s, results correct", flush=True)
+        r = PARTS[name]()
+        dt, more = r if isinstance(r, tuple) else (r, "")
+        if name == "cuda-ptx-jit":
+            more = f"{cupy_cache_files()} files in CuPy's cache"
+        print(f"pass {PASS} {name}: {dt:.2f} s, results correct{', ' + more if more else ''}", flush=True)
     except Exception as e:  # a runtime error is what this check is for: report it, fail at the end
         print(f"pass {PASS} {name}: FAILED: {type(e).__name__}: {e}", flush=True)
         sys.exit(1)
