@@ -410,6 +410,24 @@ int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
         return r;
 }
 
+int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs_handle *h = kfs_lazy_handle(fi);
+        if (!h)
+                return (int)(uint32_t)fi->fh;
+        int fd = atomic_load(&h->fd);
+        if (fd >= 0)
+                return fd;
+        int nfd = kfs_inode_open(fs, kfs_inode_get(fs, ino), h->flags);
+        if (nfd < 0)
+                return nfd;
+        if (!atomic_compare_exchange_strong(&h->fd, &fd, nfd)) { /* another request opened it first */
+                close(nfd);
+                return fd;
+        }
+        return nfd;
+}
+
 struct kfs_inode *kfs_inode_get(struct kfs *fs, fuse_ino_t ino)
 {
         return ino == FUSE_ROOT_ID ? &fs->root : (struct kfs_inode *)(uintptr_t)ino;
@@ -623,7 +641,8 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
         struct kfs_inode *up = gone ? in->up : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
-                kfs_pt_forget(fs, in);
+                if (fs->inode_gone)
+                        fs->inode_gone(fs, in); /* its registered backing file (passthrough.c) */
                 fd_forget(fs, in);
                 pthread_mutex_destroy(&in->lock);
                 free(in->name);

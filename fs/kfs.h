@@ -170,6 +170,9 @@ struct kfs {
         struct kfs_inode root;
         struct fuse_session *se;
         struct kfs_pt pt;
+        /* Called as an inode the kernel forgot is freed, with no lock held: what others hold for it goes
+         * (passthrough.c sets it: the inode's registered backing file). Set before the mount, or NULL. */
+        void (*inode_gone)(struct kfs *fs, struct kfs_inode *in);
         struct {                  /* our own device I/O (devio.c) */
                 int fd;           /* the session's /dev/fuse */
                 bool hooked;      /* installed */

@@ -153,24 +153,6 @@ fail:
         fuse_reply_err(req, -fd);
 }
 
-int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
-{
-        struct kfs_handle *h = kfs_lazy_handle(fi);
-        if (!h)
-                return (int)(uint32_t)fi->fh;
-        int fd = atomic_load(&h->fd);
-        if (fd >= 0)
-                return fd;
-        int nfd = kfs_inode_open(fs, kfs_inode_get(fs, ino), h->flags);
-        if (nfd < 0)
-                return nfd;
-        if (!atomic_compare_exchange_strong(&h->fd, &fd, nfd)) { /* another request opened it first */
-                close(nfd);
-                return fd;
-        }
-        return nfd;
-}
-
 void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
 {
         struct kfs *fs = kfs_of(req);

@@ -90,6 +90,7 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
 void kfs_pt_setup(struct kfs *fs)
 {
         pthread_mutex_init(&fs->pt.lock, NULL);
+        fs->inode_gone = kfs_pt_forget; /* inode.c calls it: the registration goes with the inode */
         if (fs->o.nopassthrough)
                 turn_off(fs, false, "-o nopassthrough", 0);
         else if (geteuid() != 0)

@@ -76,6 +76,13 @@ struct kidx {
 int kidx__errno(int sqlite_rc);
 int kidx__exec(sqlite3 *db, const char *sql);
 int kidx__set_meta(kidx *idx, const char *k, int64_t v);
+int kidx__get_meta(sqlite3 *db, const char *k, int64_t *ret);
+int64_t kidx__meta_or(sqlite3 *db, const char *k, int64_t dflt);
+int kidx__open_conn(const char *path, int flags, sqlite3 **ret);
+/* kidx-flush.c */
+void kidx__free_batch(struct kidx__op *ops, size_t n, kmap *touches);
+/* Stops the writer thread, if it runs (kidx_close). */
+void kidx__stop_writer(kidx *idx);
 /* Reconcile the index with the backing tree (see kidx.h). Runs inside its own transaction. */
 int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progress);
 /* A row size in sizes or sizes_flushing: the row goes (deleted or evicted). */
