@@ -62,7 +62,7 @@ struct kidx {
         bool writer_stop;               /* batch_lock */
         pthread_cond_t writer_cond;     /* signalled on stop; batch_lock */
         unsigned interval_ms;
-        _Atomic bool ckpt_wanted;       /* the WAL passed CKPT_PAGES: checkpoint now (kidx.c) */
+        _Atomic bool ckpt_wanted;       /* the WAL passed CKPT_PAGES: checkpoint now (kidx-flush.c) */
         _Atomic uint64_t ckpt_failures; /* forced checkpoints that could not restart the WAL */
         int ckpt_force_at;              /* WAL pages before the next forced checkpoint; writer thread */
 
