@@ -2,7 +2,8 @@
  *
  * Reading (anyone who can see the file; answered from memory and the index's read connection, so a
  * reader never stalls the filesystem):
- *   on a regular file  atime (ISO 8601, ns), atime_ns, opens, bytes_read, bytes, seq, pinned
+ *   on a regular file  atime (ISO 8601, ns), atime_ns, opens, bytes_read, bytes, seq, pinned, inode (what
+ *                      the daemon holds of it, for a diagnosis; not listed)
  *   on the mount root  version, max_bytes, used_bytes, free_bytes, files, opens, bytes_read,
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
  *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
@@ -113,8 +114,27 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
         return -ENODATA;
 }
 
+/* What the daemon holds of an inode (for a failed check's diagnosis: tests/integration/test_accounting_stress.py). */
+static int inode_state(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size)
+{
+        pthread_mutex_lock(&in->lock);
+        uint64_t alloc = in->alloc, sz = in->size;
+        pthread_mutex_unlock(&in->lock);
+        pthread_mutex_lock(&fs->itable_lock);
+        bool in_table = kfs_inode_find_locked(fs, in->bino) == in;
+        int r = snprintf(buf, size, "ino=%" PRIu64 " alloc=%" PRIu64 " size=%" PRIu64 " unlinked=%d evicted=%d "
+                         "in_table=%d nlookup=%" PRIu64 " readers=%u writers=%u name=%s name_lost=%d",
+                         in->bino, alloc, sz, (int)atomic_load(&in->unlinked), (int)atomic_load(&in->evicted),
+                         (int)in_table, in->nlookup, in->readers, in->writers, in->name ? in->name : "-",
+                         (int)in->name_lost);
+        pthread_mutex_unlock(&fs->itable_lock);
+        return r;
+}
+
 static int file_value(struct kfs *fs, struct kfs_inode *in, const char *n, char *buf, size_t size)
 {
+        if (!strcmp(n, "inode"))
+                return inode_state(fs, in, buf, size);
         struct kidx_file f;
         int r = kidx_get_file(fs->idx, in->bino, &f);
         if (r < 0)

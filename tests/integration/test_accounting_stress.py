@@ -65,7 +65,12 @@ def explain(m, out):
                 row = db.execute("SELECT bytes, seq, atime_ns FROM files WHERE ino = ?1", (ino,)).fetchone()
                 names = db.execute("SELECT dir, name FROM dents WHERE ino = ?1", (ino,)).fetchall()
                 ev = db.execute("SELECT time_ns, bytes, name FROM evictions WHERE ino = ?1", (ino,)).fetchall()
-                lines.append(f"{line}: ino {ino} row {row} names {names} evictions {ev} in the tree as {tree.get(ino)}")
+                try:  # what the daemon holds of the inode the name leads to now
+                    held = os.getxattr(m.path(path), "user.kcachefs.inode").decode()
+                except OSError as e:
+                    held = f"({e.strerror})"
+                lines.append(f"{line}: ino {ino} row {row} names {names} evictions {ev} in the tree as {tree.get(ino)}; "
+                             f"the daemon holds {held}")
     finally:
         db.close()
     return "\n".join(lines)
