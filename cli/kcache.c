@@ -721,6 +721,11 @@ static int kc_env(int argc, char **argv)
                 snprintf(dir, sizeof(dir), "%s/%s", real, d->dir);
                 if (mkdir(dir, 0777) < 0 && errno != EEXIST)
                         return kc_fail("cannot create %s: %s", dir, strerror(errno));
+                /* The directory is this runtime's: its rules apply there, whatever the layout looks like
+                 * (fs/evict/marks.c). Not for one that others share, nor where we may not: then the
+                 * daemon recognises the runtime by its layout, as before. */
+                if (!d->dir_shared)
+                        (void)setxattr(dir, "user.kcachefs.runtime", d->name, strlen(d->name), 0);
                 kc_env_line(d->env, dir);
         }
         return 0;

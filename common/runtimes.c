@@ -39,7 +39,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         /* PyOpenCL and pytools have no variable of their own: they follow XDG_CACHE_HOME, which moves every
          * program's XDG cache into the mount, so it is printed only when asked for by name. */
         [KRT_PYOPENCL] = { "pyopencl", "PyOpenCL (its compiler and invoker caches, by XDG_CACHE_HOME)", "xdg",
-                           "export XDG_CACHE_HOME='@DIR@'", false, lock_keep, false, pyopencl_roots },
+                           "export XDG_CACHE_HOME='@DIR@'", false, lock_keep, false, pyopencl_roots, NULL, true },
         [KRT_CCACHE] = { "ccache", "ccache", "ccache", "export CCACHE_DIR='@DIR@' CCACHE_MAXSIZE=0", true,
                          ccache_keep, false },
         [KRT_INDUCTOR] = { "inductor", "PyTorch Inductor", "inductor", "export TORCHINDUCTOR_CACHE_DIR='@DIR@'",

@@ -38,6 +38,9 @@ struct krt_desc {
         /* Names never evicted directly in one of those roots, and only there: a common name (Mesa's
          * index) is the runtime's only in its own layout (NULL-terminated, or NULL). */
         const char *const *keep_in_root;
+        /* The directory holds other programs' caches too (XDG_CACHE_HOME): kcache env does not mark it as
+         * this runtime's (fs/evict/marks.c), and recognition goes by layout there. */
+        bool dir_shared;
 };
 
 extern const struct krt_desc krt_table[KRT__COUNT];

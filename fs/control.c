@@ -17,6 +17,8 @@
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
+ *   on a directory in the root  runtime=NAME (also its owner; read back too): that runtime's rules apply in
+ *                      it (evict/marks.c; kcache env sets it)
  * These names never reach the backing filesystem; every other name is passed through (ops-xattr.c). */
 #include <errno.h>
 #include <inttypes.h>
@@ -167,10 +169,14 @@ int kfs_ctl_get(struct kfs *fs, struct kfs_inode *in, const char *name, char *bu
 {
         const char *n = name + PREFIX_LEN;
         int r;
+        char rel[4096];
         if (in == &fs->root)
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))
                 r = file_value(fs, in, n, buf, size);
+        else if (S_ISDIR(in->type) && !strcmp(n, "runtime") && kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) == 0 &&
+                 !strchr(rel, '/') && kev_mark_get(fs, rel) != KRT_AUTO)
+                r = snprintf(buf, size, "%s", krt_table[kev_mark_get(fs, rel)].name);
         else
                 r = -ENODATA;
         return r >= (int)size ? -E2BIG : r;
@@ -198,6 +204,33 @@ static bool may_act(fuse_req_t req, struct kfs *fs)
 {
         const struct fuse_ctx *c = fuse_req_ctx(req);
         return c->uid == 0 || c->uid == fs->owner;
+}
+
+/* Whether the caller owns the inode's backing object (kcache env marks a directory it made). */
+static bool owns(fuse_req_t req, struct kfs *fs, struct kfs_inode *in)
+{
+        struct stat st;
+        return kfs_fstat_inode(fs, in, &st) == 0 && st.st_uid == fuse_req_ctx(req)->uid;
+}
+
+/* runtime=NAME on a directory directly in the root: that runtime's rules apply below it (evict/marks.c). */
+static int mark_dir(struct kfs *fs, struct kfs_inode *in, const char *value, size_t size)
+{
+        char v[64], rel[4096];
+        if (size >= sizeof(v))
+                return -EINVAL;
+        memcpy(v, value, size);
+        v[size] = '\0';
+        int rt = krt_by_name(v);
+        if (rt < 0 || kidx_flush(fs->idx) < 0 || kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) < 0 || !*rel ||
+            strchr(rel, '/'))
+                return -EINVAL; /* not a runtime, or not a directory directly in the root */
+        int fd = kfs_inode_fd(fs, in);
+        if (fd < 0)
+                return fd;
+        int r = kev_mark(fs, rel, fd, (enum krt)rt);
+        kfs_inode_fd_put(fs, in, fd);
+        return r;
 }
 
 static int parse_bool(const char *v, size_t size, bool *ret)
@@ -254,10 +287,12 @@ int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                 size_t size)
 {
         const char *n = name + PREFIX_LEN;
-        if (!may_act(req, fs))
+        if (!may_act(req, fs) && !(S_ISDIR(in->type) && owns(req, fs, in)))
                 return -EPERM;
         if (in == &fs->root)
                 return root_action(fs, n, value, size);
+        if (S_ISDIR(in->type) && !strcmp(n, "runtime"))
+                return mark_dir(fs, in, value, size);
         if (!S_ISREG(in->type))
                 return -ENOTSUP;
         if (!strcmp(n, "pinned")) {

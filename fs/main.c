@@ -564,6 +564,7 @@ int main(int argc, char *argv[])
         }
         if (take_index_lock(&fs.o, &lock_fd) || init_root(&fs))
                 goto out_fs;
+        kev_marks_load(&fs); /* the directories kcache env made for a runtime (evict/marks.c) */
 
         enum kidx_rebuild_reason why;
         struct kidx_open_opts io = {

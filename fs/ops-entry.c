@@ -511,6 +511,8 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
                 return;
         }
         kidx_del_dent(fs->idx, dir->bino, name);
+        if (dir == &fs->root)
+                kev_mark_moved(fs, name, NULL); /* (evict/marks.c) */
         fuse_reply_err(req, 0);
 }
 
@@ -567,6 +569,11 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 fuse_reply_err(req, 0);
                 return;
         }
+        /* A runtime's directory takes its mark along; one it replaced loses its own (evict/marks.c). */
+        if (nd == &fs->root && (replaced || swapped) && S_ISDIR(dst.st_mode))
+                kev_mark_moved(fs, newname, NULL);
+        if (od == &fs->root && S_ISDIR(src.st_mode))
+                kev_mark_moved(fs, name, nd == &fs->root && !exchange ? newname : NULL);
         kfs_inode_moved(fs, src.st_ino, nd, newname); /* where it reopens (inode.c, DESCRIPTORS) */
         if (swapped)
                 kfs_inode_moved(fs, dst.st_ino, od, name);

@@ -20,6 +20,7 @@
  *               after their files went, under the runtime's own lock
  *   reap.c      the last close of evicted files, off the request path (its own essay)
  *   operator.c  what an operator asks for: evict to a size, files older than a time, one file
+ *   marks.c     the directories kcache env made for a runtime: that runtime's rules apply in them
  *   misses.c    what a limit too small costs: names evicted that came back, writes refused (its essay)
  *   state.c     the state (struct kev, internal.h): made, started, stopped, freed; its counters
  *
@@ -133,6 +134,8 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 
+#include "../../common/runtimes.h"
+
 struct kfs;
 struct kfs_inode;
 
@@ -181,6 +184,16 @@ void kev_reap_drain(struct kfs *fs);
 void kev_reap_stop(struct kfs *fs);
 /* The most bytes of evicted files whose blocks the backing filesystem may still hold. */
 uint64_t kev_reap_bound(const struct kfs *fs);
+
+/* Marks the directory name, directly in the mount's root and open at dirfd (-1: the mark is not written
+ * to the backing directory), as runtime rt's (KRT_AUTO: unmarked). 0 or -errno (marks.c). */
+int kev_mark(struct kfs *fs, const char *name, int dirfd, enum krt rt);
+/* A directory in the root was renamed (to NULL: removed, or moved below): its mark goes along. */
+void kev_mark_moved(struct kfs *fs, const char *from, const char *to);
+/* The mark of the directory name, directly in the root, or KRT_AUTO. */
+enum krt kev_mark_get(struct kfs *fs, const char *name);
+/* At mount: the marks kept on the root's directories. */
+void kev_marks_load(struct kfs *fs);
 
 /* A regular file appeared under name in the directory open at dfd (created, made, renamed into place):
  * a refetch if eviction removed that name lately (misses.c). No lock of ours held. */

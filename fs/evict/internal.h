@@ -142,6 +142,12 @@ struct kev {
 
         struct kev_misses miss;       /* misses.c */
 
+        struct {                      /* the directories kcache env made for a runtime (marks.c) */
+                pthread_mutex_t lock;   /* a leaf */
+                struct kev_mark { char *name; enum krt rt; } *v; /* lock */
+                size_t n;               /* lock */
+        } marks;
+
         struct {                      /* directories emptied by eviction (prune.c) */
                 char **rel;             /* named too recently to go yet: paths below the root; evict_lock */
                 int64_t *due;           /* not before this (ns); evict_lock */
@@ -265,6 +271,11 @@ void kev_miss_evicted(struct kfs *fs, const char *path, uint64_t bytes);
 void kev_miss_refused(struct kfs *fs, uint64_t needed);
 void kev_miss_counts(struct kfs *fs, struct kev_counts *c);
 void kev_miss_free(struct kfs *fs);
+
+/* marks.c: the directories kcache env made for a runtime */
+/* The runtime whose marked directory path (relative to the root) is in, or KRT_AUTO. */
+enum krt kev_mark_of(struct kfs *fs, const char *path);
+void kev_marks_free(struct kfs *fs);
 
 /* reap.c: the last close of evicted files */
 /* Closes fd (an evicted file's last reference, holding bytes) on a reaper thread, or here if the queue

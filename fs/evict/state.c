@@ -20,6 +20,7 @@ int kev_init(struct kfs *fs)
         pthread_cond_init(&ev->reap.cond, NULL);
         kmap_init(&ev->prune.lost_at);
         pthread_mutex_init(&ev->miss.lock, NULL);
+        pthread_mutex_init(&ev->marks.lock, NULL);
         kmap_init(&ev->miss.at);
         fs->ev = ev;
         return 0;
@@ -53,6 +54,7 @@ void kev_free(struct kfs *fs)
         kev_prune_free(fs);
         kev_repair_free(fs);
         kev_miss_free(fs);
+        kev_marks_free(fs);
         free(fs->ev->reap.q);
         pthread_mutex_destroy(&fs->ev->evict_lock);
         pthread_mutex_destroy(&fs->ev->space_lock);

@@ -99,8 +99,9 @@ bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns
         return false;
 }
 
-/* The forced runtime for path, from -o layout=, or KRT_AUTO. The longest matching prefix wins. */
-static enum krt forced(const struct kfs *fs, const char *path)
+/* The forced runtime for path: from -o layout= (the longest matching prefix wins), else from the mark of
+ * the directory kcache env made (marks.c), else KRT_AUTO. */
+static enum krt forced(struct kfs *fs, const char *path)
 {
         enum krt rt = KRT_AUTO;
         size_t best = 0;
@@ -113,7 +114,7 @@ static enum krt forced(const struct kfs *fs, const char *path)
                         rt = fs->o.layouts[i].rt;
                 }
         }
-        return rt;
+        return rt != KRT_AUTO ? rt : kev_mark_of(fs, path);
 }
 
 static int add_member(struct kev_unit *u, const char *dir, const char *name)

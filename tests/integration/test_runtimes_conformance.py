@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 from conftest import backing_files, wait_for
 from test_cli_kcache import kcache
@@ -518,6 +520,49 @@ def test_mesa_entries_go_one_by_one_and_its_index_stays(kfs):
     assert all(os.path.exists(e) for e in entries[-8:])  # the newest stay
     for e in left:
         assert open(e, "rb").read() == payload(entries.index(e), 32 * K)
+
+
+def sycl_like_entry(d):
+    """Three files a SYCL entry would have; anywhere but SYCL's cache, they are three files."""
+    os.makedirs(d, exist_ok=True)
+    for suffix in (".bin", ".src", "_access_time.txt"):
+        with open(os.path.join(d, "7" + suffix), "wb") as f:
+            f.write(b"x" * 4096)
+
+
+def test_a_directory_kcache_env_made_is_that_runtimes(kfs):
+    """kcache env marks the directory it makes for a runtime (evict/marks.c): inside it that runtime's rules
+    apply, whatever the layout looks like. Numba's directory holding files named like a SYCL entry: one
+    file evicted takes one file, where an unmarked directory loses the whole 'entry'. The mark is on the
+    backing directory, so it outlives a remount, and goes with its directory."""
+    m = kfs({"max_size": "64M"})
+    kcache("env", m.mnt, "numba")
+    assert os.getxattr(m.path("numba"), "user.kcachefs.runtime") == b"numba"
+    sycl_like_entry(m.path("numba", "d"))
+    sycl_like_entry(m.path("other", "d"))
+    kcache("evict", m.path("other", "d", "7.bin"))
+    assert os.listdir(m.path("other", "d")) == []  # recognised as SYCL's by layout: the entry went whole
+    kcache("evict", m.path("numba", "d", "7.bin"))
+    assert sorted(os.listdir(m.path("numba", "d"))) == ["7.src", "7_access_time.txt"]
+
+    m.stop()
+    m.start()
+    assert os.getxattr(m.path("numba"), "user.kcachefs.runtime") == b"numba"
+    kcache("evict", m.path("numba", "d", "7.src"))
+    assert os.listdir(m.path("numba", "d")) == ["7_access_time.txt"]
+
+    # Renamed, the mark goes along; a new directory under the old name has none.
+    os.rename(m.path("numba"), m.path("numba2"))
+    sycl_like_entry(m.path("numba", "d"))
+    kcache("evict", m.path("numba", "d", "7.bin"))
+    assert os.listdir(m.path("numba", "d")) == []
+    assert os.getxattr(m.path("numba2"), "user.kcachefs.runtime") == b"numba"
+    with pytest.raises(OSError):
+        os.getxattr(m.path("numba"), "user.kcachefs.runtime")
+    with pytest.raises(OSError):  # only a runtime's name, and only on a directory in the root
+        os.setxattr(m.path("numba2", "d"), "user.kcachefs.runtime", b"numba")
+    with pytest.raises(OSError):
+        os.setxattr(m.path("numba2"), "user.kcachefs.runtime", b"frob")
 
 
 LOCKER = """
