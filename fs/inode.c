@@ -526,11 +526,19 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
                 kfs_inode_unref(fs, up, 1);
 }
 
-/* itable_lock held. A name that leads to the number of an inode whose last name went is a new file's:
+/* itable_lock held. A name that leads to the number of an inode whose last name went is a new object's:
  * the backing filesystem freed the old one and gave its number away (an inode holds no descriptor while
  * idle, DESCRIPTORS). The old struct lives on, detached, for the kernel's references to it (as an
  * evicted one does, T4); the caller makes a new one. Without this, the new file took the old one's
  * struct, marked unlinked, and none of its writes was counted (a row of 0 bytes, under inode_fds). */
+/* itable_lock held. Whether in, found under st's number, is a removed object's whose number went to the
+ * object st describes: its last name went (a file unlinked, a directory removed), or it is not even of
+ * the same type (a removed directory's number given to a new file, whose writes then went uncounted). */
+static bool reused_locked(struct kfs_inode *in, const struct stat *st)
+{
+        return atomic_load(&in->unlinked) || in->type != (st->st_mode & S_IFMT);
+}
+
 static struct kfs_inode *detach_reused_locked(struct kfs *fs, struct kfs_inode *in)
 {
         kmap_del(&fs->itable, in->bino);
@@ -545,7 +553,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
-        if (in && atomic_load(&in->unlinked))
+        if (in && reused_locked(in, st))
                 in = detach_reused_locked(fs, in);
         if (in) {
                 in->nlookup++;
@@ -586,7 +594,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
-        if (in && atomic_load(&in->unlinked))
+        if (in && reused_locked(in, st))
                 in = detach_reused_locked(fs, in);
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */

@@ -419,6 +419,8 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
         kfs_dir_named(dir);
         int fd = kfs_inode_fd(fs, in), dfd = fd < 0 ? fd : kfs_inode_fd(fs, dir);
         int r = dfd < 0 ? dfd : 0;
+        if (r == 0 && fd == fs->dead_fd)
+                r = -ESTALE; /* evicted since the check: linking the placeholder gave EXDEV */
         if (r == 0) {
                 kfs_proc_path(proc, sizeof(proc), fd);
                 if (linkat(AT_FDCWD, proc, dfd, newname, AT_SYMLINK_FOLLOW) < 0)
@@ -446,6 +448,14 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
  * the file lived on under the new one, and none of its writes was counted again. */
 static void forget_name_of_file(struct kfs *fs, const struct stat *st)
 {
+        if (S_ISDIR(st->st_mode) && st->st_nlink == 0) { /* a directory a rename replaced: see kfs_op_rmdir */
+                pthread_mutex_lock(&fs->itable_lock);
+                struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
+                if (in && S_ISDIR(in->type))
+                        atomic_store(&in->unlinked, true);
+                pthread_mutex_unlock(&fs->itable_lock);
+                return;
+        }
         if (!S_ISREG(st->st_mode) || st->st_nlink > 0)
                 return;
         pthread_mutex_lock(&fs->itable_lock);
@@ -504,8 +514,20 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
                 return;
         }
         int dfd = kfs_inode_fd(fs, dir);
+        /* Held until its inode is marked: its number must not go to a new object before. */
+        int hold = dfd < 0 ? -1 : openat(dfd, name, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
         int r = dfd < 0 ? dfd : unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
         kfs_inode_fd_put(fs, dir, dfd);
+        struct stat st;
+        if (r == 0 && hold >= 0 && fstat(hold, &st) == 0) { /* its struct is a removed object's (inode.c) */
+                pthread_mutex_lock(&fs->itable_lock);
+                struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
+                if (in && S_ISDIR(in->type))
+                        atomic_store(&in->unlinked, true);
+                pthread_mutex_unlock(&fs->itable_lock);
+        }
+        if (hold >= 0)
+                close(hold);
         if (r < 0) {
                 fuse_reply_err(req, -r);
                 return;
