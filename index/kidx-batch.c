@@ -414,6 +414,77 @@ int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, siz
         return r < 0 ? r : n;
 }
 
+static void candidates_clear(struct kidx_candidates *c)
+{
+        for (size_t i = 0; i < c->nnames; i++)
+                free(c->names[i].name);
+        c->n = c->nnames = 0;
+}
+
+void kidx_candidates_free(struct kidx_candidates *c)
+{
+        candidates_clear(c);
+        free(c->v);
+        free(c->names);
+        memset(c, 0, sizeof(*c));
+}
+
+static int grow(void **v, size_t *cap, size_t need, size_t size)
+{
+        if (need <= *cap)
+                return 0;
+        size_t ncap = *cap ? *cap * 2 : 256;
+        while (ncap < need)
+                ncap *= 2;
+        void *n = realloc(*v, ncap * size);
+        if (!n)
+                return -ENOMEM;
+        *v = n;
+        *cap = ncap;
+        return 0;
+}
+
+int kidx_lru_candidates(kidx *idx, uint64_t after_seq, size_t max, struct kidx_candidates *c)
+{
+        candidates_clear(c);
+        pthread_mutex_lock(&idx->db_lock);
+        pthread_mutex_lock(&idx->batch_lock);
+        uint64_t gen = idx->flush_gen; /* as kidx_lru_batch */
+        pthread_mutex_unlock(&idx->batch_lock);
+        sqlite3_stmt *st = idx->st[ST_LRU_NAMES];
+        sqlite3_bind_int64(st, 1, (int64_t)after_seq);
+        sqlite3_bind_int64(st, 2, (int64_t)max);
+        int rc, r = 0;
+        while (r == 0 && (rc = sqlite3_step(st)) == SQLITE_ROW) {
+                uint64_t ino = (uint64_t)sqlite3_column_int64(st, 0);
+                if (!c->n || c->v[c->n - 1].row.ino != ino) {
+                        if ((r = grow((void **)&c->v, &c->cap, c->n + 1, sizeof(*c->v))) < 0)
+                                break;
+                        c->v[c->n++] = (struct kidx_candidate){
+                                .row = { .ino = ino, .seq = (uint64_t)sqlite3_column_int64(st, 1),
+                                         .bytes = (uint64_t)sqlite3_column_int64(st, 2),
+                                         .atime_ns = sqlite3_column_int64(st, 3), .gen = gen },
+                                .first = c->nnames };
+                }
+                if (sqlite3_column_type(st, 5) == SQLITE_NULL)
+                        continue; /* a row without a name (LEFT JOIN) */
+                if ((r = grow((void **)&c->names, &c->names_cap, c->nnames + 1, sizeof(*c->names))) < 0)
+                        break;
+                char *n = strdup((const char *)sqlite3_column_text(st, 5));
+                if (!n) {
+                        r = -ENOMEM;
+                        break;
+                }
+                c->names[c->nnames++] = (struct kidx_cand_name){ (uint64_t)sqlite3_column_int64(st, 4), n };
+                c->v[c->n - 1].n++;
+        }
+        if (r == 0 && rc != SQLITE_DONE)
+                r = kidx__errno(rc);
+        sqlite3_reset(st);
+        pthread_mutex_unlock(&idx->db_lock);
+        return r < 0 ? r : (int)c->n;
+}
+
 int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const char *name), void *ud)
 {
         pthread_mutex_lock(&idx->db_lock);

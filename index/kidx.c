@@ -66,6 +66,10 @@ static const char *const STMT_SQL[ST__COUNT] = {
         [ST_LOG_EVICTION] = "INSERT INTO evictions(time_ns, ino, bytes, name) VALUES (?1, ?2, ?3, ?4)",
         [ST_SET_META] = "INSERT OR REPLACE INTO meta(k, v) VALUES (?1, ?2)",
         [ST_LRU] = "SELECT ino, seq, bytes, atime_ns FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2",
+        /* the LRU batch with its names: the ORDER BY sorts a batch's rows in memory */
+        [ST_LRU_NAMES] = "SELECT f.ino, f.seq, f.bytes, f.atime_ns, d.dir, d.name FROM (SELECT ino, seq, bytes, atime_ns"
+                         " FROM files WHERE pinned = 0 AND seq > ?1 ORDER BY seq LIMIT ?2) AS f"
+                         " LEFT JOIN dents AS d ON d.ino = f.ino ORDER BY f.seq",
         [ST_NAMES] = "SELECT dir, name FROM dents WHERE ino = ?1",
         [ST_PARENT] = "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1",
         [ST_INTENT_ADD] = "INSERT OR REPLACE INTO evict_intents(ino, bytes, name, time_ns) VALUES (?1, ?2, ?3, ?4)",

@@ -135,6 +135,27 @@ struct kidx_lru_row {
 };
 /* Up to max unpinned files with seq > after_seq, least recent first. Returns the count or -errno. */
 int kidx_lru_batch(kidx *idx, uint64_t after_seq, struct kidx_lru_row *rows, size_t max);
+/* Eviction's candidates, a batch at a time: up to max unpinned files with seq > after_seq, least recent
+ * first, each with every name the index has for it, read in one query (kidx_lru_batch, then
+ * kidx_names for each, cost a query per candidate). The names are malloc'ed; a caller that keeps one
+ * sets it to NULL, and kidx_candidates_free frees the rest. */
+struct kidx_cand_name {
+        uint64_t dir;
+        char *name;
+};
+struct kidx_candidate {
+        struct kidx_lru_row row;
+        size_t first, n;              /* its names: names[first, first + n) */
+};
+struct kidx_candidates {
+        struct kidx_candidate *v;
+        size_t n, cap;
+        struct kidx_cand_name *names;
+        size_t nnames, names_cap;
+};
+/* Replaces c's contents with the next batch. Returns the number of candidates or -errno. */
+int kidx_lru_candidates(kidx *idx, uint64_t after_seq, size_t max, struct kidx_candidates *c);
+void kidx_candidates_free(struct kidx_candidates *c);
 /* Calls fn for every name of ino: (dir inode, name). Returns the number of names or -errno. */
 int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const char *name), void *ud);
 /* The path of directory dir relative to the backing root ("" for the root), or -ENOENT. */

@@ -160,6 +160,23 @@ bool kev_is_open_locked(struct kfs *fs, uint64_t ino)
 }
 
 /* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
+/* The paths of v's names, from their directories' (dc). 0: evictable; 1: pinned by pattern; -errno. */
+static int name_paths(struct kfs *fs, struct dircache *dc, struct victim *v)
+{
+        for (size_t i = 0; i < v->nnames; i++) {
+                char *path = NULL;
+                const char *dir = dc->path[kev_dircache_get(fs, dc, v->names[i].dir)];
+                if (!dir)
+                        continue; /* unknown directory: this name cannot be removed (remove.c) */
+                if (asprintf(&path, "%s%s%s", dir, dir[0] ? "/" : "", v->names[i].name) < 0)
+                        return -ENOMEM;
+                v->names[i].path = path;
+                if (pinned_path(fs, path))
+                        return 1;
+        }
+        return 0;
+}
+
 int kev_load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
 {
         struct name_list l = { .idx = fs->idx };
@@ -172,18 +189,23 @@ int kev_load_candidate(struct kfs *fs, struct dircache *dc, struct victim *v)
         }
         v->names = l.names;
         v->nnames = l.n;
-        for (size_t i = 0; i < l.n; i++) {
-                char *path = NULL;
-                const char *dir = dc->path[kev_dircache_get(fs, dc, l.names[i].dir)];
-                if (!dir)
-                        continue; /* unknown directory: this name cannot be removed (see evict_one) */
-                if (asprintf(&path, "%s%s%s", dir, dir[0] ? "/" : "", l.names[i].name) < 0)
-                        return -ENOMEM;
-                l.names[i].path = path;
-                if (pinned_path(fs, path))
-                        return 1;
+        return name_paths(fs, dc, v);
+}
+
+/* The same for a candidate of the LRU batch, whose names came with it (kidx_lru_candidates): they are
+ * taken over. */
+static int take_candidate(struct kfs *fs, struct dircache *dc, struct victim *v, struct kidx_candidates *c, size_t i)
+{
+        const struct kidx_candidate *k = &c->v[i];
+        v->names = k->n ? calloc(k->n, sizeof(*v->names)) : NULL;
+        if (k->n && !v->names)
+                return -ENOMEM;
+        for (size_t j = 0; j < k->n; j++) {
+                v->names[j] = (struct name){ .dir = c->names[k->first + j].dir, .name = c->names[k->first + j].name };
+                c->names[k->first + j].name = NULL;
         }
-        return 0;
+        v->nnames = k->n;
+        return name_paths(fs, dc, v);
 }
 
 /* Turns a resolved multi-file unit into victims, if it may go now: 1 if taken, 0 if not (yet), -errno.
@@ -257,33 +279,34 @@ undo:
 int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_victims, uint64_t *cursor,
                   bool grace, struct seen_set *seen, struct victims *vs)
 {
-        struct kidx_lru_row rows[LRU_BATCH];
+        struct kidx_candidates cands = { 0 };
         struct seen_set ss = { 0 }, *sset = seen ? seen : &ss;
         uint64_t after = *cursor;
         int64_t now = kev_now(fs);
         int r = 0;
         while (r == 0 && vs->bytes < goal && vs->n < max_victims) {
-                int n = kidx_lru_batch(fs->idx, after, rows, LRU_BATCH);
+                int n = kidx_lru_candidates(fs->idx, after, LRU_BATCH, &cands);
                 if (n <= 0) {
                         r = n;
                         break;
                 }
                 for (int i = 0; r == 0 && i < n && vs->bytes < goal && vs->n < max_victims; i++) {
-                        if (grace && rows[i].atime_ns > now - (int64_t)fs->o.grace_ms * 1000000) {
+                        const struct kidx_lru_row *row = &cands.v[i].row;
+                        if (grace && row->atime_ns > now - (int64_t)fs->o.grace_ms * 1000000) {
                                 n = -1; /* LRU order is time order: everything from here on is recent (GRACE) */
                                 break;
                         }
-                        after = rows[i].seq;
+                        after = row->seq;
                         pthread_mutex_lock(&fs->itable_lock);
-                        bool open = kev_is_open_locked(fs, rows[i].ino);
+                        bool open = kev_is_open_locked(fs, row->ino);
                         pthread_mutex_unlock(&fs->itable_lock);
                         if (open)
                                 continue;
-                        struct victim v = { .ino = rows[i].ino, .bytes = rows[i].bytes, .hold = -1, .has_row = true, .row = rows[i] };
-                        r = kev_load_candidate(fs, dc, &v);
+                        struct victim v = { .ino = row->ino, .bytes = row->bytes, .hold = -1, .has_row = true, .row = *row };
+                        r = take_candidate(fs, dc, &v, &cands, (size_t)i);
                         const char *path = v.nnames ? v.names[0].path : NULL;
                         struct kev_unit u = { 0 };
-                        if (r != 0 || !path || kev_unit_protected(fs, path, rows[i].atime_ns, now) ||
+                        if (r != 0 || !path || kev_unit_protected(fs, path, row->atime_ns, now) ||
                             (r = kev_unit_resolve(fs, path, &u)) < 0) {
                                 kev_free_names(v.names, v.nnames);
                                 kev_unit_free(&u);
@@ -320,8 +343,8 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                         if (!sn)
                                 r = -ENOMEM;
                         else if (!sn->done && !(grace && sn->young) && !u.busy &&
-                                 (sn->newest == 0 || rows[i].seq >= sn->newest))
-                                r = kev_take_unit(fs, dc, &u, rows[i].seq, sn, grace, vs);
+                                 (sn->newest == 0 || row->seq >= sn->newest))
+                                r = kev_take_unit(fs, dc, &u, row->seq, sn, grace, vs);
                         r = r < 0 ? r : 0;
                         kev_unit_free(&u);
                 }
@@ -330,6 +353,7 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
         }
         if (!seen)
                 kev_seen_free(&ss);
+        kidx_candidates_free(&cands);
         *cursor = after;
         return r;
 }
