@@ -445,6 +445,7 @@ static bool is_pdict_item(struct kfs *fs, const char *d, const char *path)
 static int whole_dir_unit(struct kfs *fs, struct kev_unit *u, enum krt rt, char *d, bool (*first)(const char *))
 {
         u->rt = rt;
+        free(u->root);
         u->root = d;
         u->dir_unit = true;
         int r = add_tree(fs, u, d, 0);
@@ -452,126 +453,200 @@ static int whole_dir_unit(struct kfs *fs, struct kev_unit *u, enum krt rt, char 
         return r;
 }
 
+/* What a recogniser is given: the file's path (relative to the root), its name and its directory, and the
+ * runtime forced there (-o layout=, a runtime's mark: forced()), or KRT_AUTO. */
+struct file_at {
+        const char *path, *name, *dir;
+        enum krt forced;
+};
+
+/* JAX: <key>-cache and <key>-atime, -cache first. */
+static int jax_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        if (!ends_with(f->name, "-cache") && !ends_with(f->name, "-atime"))
+                return 0;
+        char key[NAME_MAX + 1], c[NAME_MAX + 8], a[NAME_MAX + 8];
+        snprintf(key, sizeof(key), "%.*s", (int)(strlen(f->name) - 6), f->name);
+        snprintf(c, sizeof(c), "%s-cache", key);
+        snprintf(a, sizeof(a), "%s-atime", key);
+        int r = 0;
+        if (exists_at(fs, f->dir, c))
+                r = add_member(u, f->dir, c);
+        if (r == 0 && exists_at(fs, f->dir, a))
+                r = add_member(u, f->dir, a);
+        return r < 0 ? r : 1;
+}
+
+/* SYCL: <n>.bin, <n>.src, <n>_access_time.txt, in that order, only while <n>.lock is absent; then its
+ * cache_size.txt is repaired. */
+static int sycl_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        size_t k = sycl_key(f->name);
+        if (!k)
+                return 0;
+        char n[32], p[64];
+        snprintf(n, sizeof(n), "%.*s", (int)k, f->name);
+        snprintf(p, sizeof(p), "%s.lock", n);
+        u->busy = exists_at(fs, f->dir, p); /* SYCL holds the entry: not now */
+        static const char *const suffix[] = { ".bin", ".src", "_access_time.txt" };
+        int r = 0;
+        for (int i = 0; r == 0 && i < 3; i++) {
+                snprintf(p, sizeof(p), "%s%s", n, suffix[i]);
+                if (exists_at(fs, f->dir, p))
+                        r = add_member(u, f->dir, p);
+        }
+        u->repair = ancestor_with(fs, f->dir, KFS_SYCL_SIZE_FILE, 5);
+        return r < 0 ? r : 1;
+}
+
+/* Triton: its key directory, __grp__*.json first, then the other .json, then the binaries; busy while a
+ * store is in flight (tmp.pid_*). */
+static int triton_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_where(fs, f->path, 3, is_triton_dir);
+        if (!d)
+                return 0;
+        free(u->root);
+        u->root = d;
+        int r = add_tree(fs, u, d, 0);
+        for (size_t i = 0; r == 0 && i < u->n; i++)
+                if (is_temporary(u->members[i]))
+                        u->busy = true; /* a store in flight (or leaked: collected alone, when old) */
+        to_front(u, is_json);
+        to_front(u, is_grp_json);
+        return r < 0 ? r : 1;
+}
+
+/* PoCL: the program directory <2>/<37-38>/, program.bc first; without program.bc a store in flight
+ * (busy) until older than tmp_age (leaked). */
+static int pocl_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_where(fs, f->path, 4, is_pocl_dir);
+        if (!d)
+                return 0;
+        int r = whole_dir_unit(fs, u, KRT_POCL, d, is_program_bc);
+        struct stat st;
+        if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
+            kfs_now_ns() - ((int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec) <
+                    (int64_t)(fs->o.tmp_age * 1e9))
+                u->busy = true;
+        return r < 0 ? r : 1;
+}
+
+/* Mesa-DB: a part's two files together, the database first. */
+static int mesa_db_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_where(fs, f->path, 1, is_mesa_db_part);
+        if (!d)
+                return 0;
+        int r = whole_dir_unit(fs, u, KRT_MESA, d, is_db_file);
+        return r < 0 ? r : 1;
+}
+
+/* Numba: a function's .nbi index first, then its .nbc data, in name order. */
+static int numba_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        size_t k = numba_stem(f->name);
+        if (!k)
+                return 0;
+        int r = 0;
+        int fd = openat(fs->root_fd, *f->dir ? f->dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+        struct dirent *de;
+        while (r == 0 && dd && (de = readdir(dd)))
+                if (numba_stem(de->d_name) == k && !strncmp(de->d_name, f->name, k))
+                        r = add_member(u, f->dir, de->d_name);
+        if (dd)
+                closedir(dd);
+        else if (fd >= 0)
+                close(fd);
+        qsort(u->members, u->n, sizeof(*u->members), by_name); /* the same order on every run */
+        to_front(u, is_nbi); /* the index first: without it, the function is a clean miss */
+        return r < 0 ? r : 1;
+}
+
+/* PyOpenCL's compiler cache: a key directory, info first, not while the cache's lock is another's. */
+static int pyopencl_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_where(fs, f->path, 1, is_pyopencl_dir);
+        if (!d)
+                return 0;
+        int r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_info); /* without info: a clean miss */
+        char *cache = dir_of(d);
+        u->busy = cache && lock_held_by_other(fs, cache, "lock"); /* PyOpenCL reads and writes under it */
+        free(cache);
+        return r < 0 ? r : 1;
+}
+
+/* pytools' item directory: contents, then key, then the directory. */
+static int pdict_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_where(fs, f->path, 1, is_pdict_item);
+        if (!d)
+                return 0;
+        int r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_contents);
+        return r < 0 ? r : 1;
+}
+
+/* The CUDA driver's cache: the directory of its index, which sits above hashed subdirectories (a file
+ * below one, or the index beside them), index first. A lone "index" elsewhere is not it, and neither is
+ * Mesa's, whose entries go one by one. */
+static int cuda_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        char *d = ancestor_with(fs, f->dir, "index", 3);
+        if (!d)
+                return 0;
+        if (f->forced != KRT_CUDA && (is_mesa_dir(d) || (!strcmp(d, f->dir) && !has_subdir(fs, d)))) {
+                free(d);
+                return 0;
+        }
+        int r = whole_dir_unit(fs, u, KRT_CUDA, d, is_cuda_index);
+        return r < 0 ? r : 1;
+}
+
+/* NEO: a binary alone; then its config.file is repaired. */
+static int neo_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
+{
+        if (!neo_name(f->name) && f->forced != KRT_NEO)
+                return 0;
+        u->repair = ancestor_with(fs, f->dir, KFS_NEO_SIZE_FILE, 2);
+        int r = add_member(u, f->dir, f->name);
+        return r < 0 ? r : 1;
+}
+
+/* The runtimes' recognisers, in the order they are tried: the first that knows the file makes its unit.
+ * A runtime's data (its name, environment, what it keeps) is common/runtimes.c; adding a runtime whose
+ * entries are more than one file is a function above and a line here. */
+static const struct recogniser {
+        enum krt rt;
+        int (*unit)(struct kfs *fs, const struct file_at *f, struct kev_unit *u); /* 1: it is; 0; -errno */
+} recognisers[] = {
+        { KRT_JAX, jax_unit }, { KRT_SYCL, sycl_unit }, { KRT_TRITON, triton_unit }, { KRT_POCL, pocl_unit },
+        { KRT_MESA, mesa_db_unit }, { KRT_NUMBA, numba_unit }, { KRT_PYOPENCL, pyopencl_unit },
+        { KRT_PYOPENCL, pdict_unit }, { KRT_CUDA, cuda_unit }, { KRT_NEO, neo_unit },
+};
+
 int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
 {
         memset(u, 0, sizeof(*u));
-        const char *name = base_of(path);
-        enum krt f = forced(fs, path);
+        struct file_at f = { .path = path, .name = base_of(path), .forced = forced(fs, path) };
         char *dir = dir_of(path);
-        int r = 0;
         if (!dir)
                 return -ENOMEM;
-        size_t k;
-        char *d;
-
-        if (f == KRT_FILE || is_temporary(path))
-                goto single;
-        if ((f == KRT_AUTO || f == KRT_JAX) && (ends_with(name, "-cache") || ends_with(name, "-atime"))) {
-                u->rt = KRT_JAX;
-                char key[NAME_MAX + 1];
-                snprintf(key, sizeof(key), "%.*s", (int)(strlen(name) - 6), name);
-                char c[NAME_MAX + 8], a[NAME_MAX + 8];
-                snprintf(c, sizeof(c), "%s-cache", key);
-                snprintf(a, sizeof(a), "%s-atime", key);
-                if (exists_at(fs, dir, c))
-                        r = add_member(u, dir, c);
-                if (r == 0 && exists_at(fs, dir, a))
-                        r = add_member(u, dir, a);
-                u->root = dir;
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_SYCL) && (k = sycl_key(name))) {
-                u->rt = KRT_SYCL;
-                char n[32], p[64];
-                snprintf(n, sizeof(n), "%.*s", (int)k, name);
-                snprintf(p, sizeof(p), "%s.lock", n);
-                u->busy = exists_at(fs, dir, p); /* SYCL holds the entry: not now */
-                static const char *const suffix[] = { ".bin", ".src", "_access_time.txt" };
-                for (int i = 0; r == 0 && i < 3; i++) {
-                        snprintf(p, sizeof(p), "%s%s", n, suffix[i]);
-                        if (exists_at(fs, dir, p))
-                                r = add_member(u, dir, p);
+        f.dir = dir;
+        u->root = dir; /* the recogniser may put a directory of its own in its place */
+        if (f.forced != KRT_FILE && !is_temporary(path))
+                for (size_t i = 0; i < sizeof(recognisers) / sizeof(*recognisers); i++) {
+                        if (f.forced != KRT_AUTO && f.forced != recognisers[i].rt)
+                                continue;
+                        u->rt = recognisers[i].rt;
+                        int r = recognisers[i].unit(fs, &f, u);
+                        if (r != 0)
+                                return r < 0 ? r : 0;
+                        u->rt = KRT_AUTO;
                 }
-                u->repair = ancestor_with(fs, dir, KFS_SYCL_SIZE_FILE, 5);
-                u->root = dir;
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_TRITON) && (d = ancestor_where(fs, path, 3, is_triton_dir))) {
-                u->rt = KRT_TRITON;
-                u->root = d;
-                free(dir);
-                r = add_tree(fs, u, d, 0);
-                for (size_t i = 0; r == 0 && i < u->n; i++)
-                        if (is_temporary(u->members[i]))
-                                u->busy = true; /* a store in flight (or leaked: collected alone, when old) */
-                to_front(u, is_json);
-                to_front(u, is_grp_json);
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_POCL) && (d = ancestor_where(fs, path, 4, is_pocl_dir))) {
-                free(dir);
-                r = whole_dir_unit(fs, u, KRT_POCL, d, is_program_bc);
-                /* Without program.bc it is a store in flight (busy), unless older than tmp_age: leaked. */
-                struct stat st;
-                if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
-                    kfs_now_ns() - ((int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec) <
-                            (int64_t)(fs->o.tmp_age * 1e9))
-                        u->busy = true;
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_MESA) && (d = ancestor_where(fs, path, 1, is_mesa_db_part))) {
-                free(dir);
-                return whole_dir_unit(fs, u, KRT_MESA, d, is_db_file);
-        }
-        if ((f == KRT_AUTO || f == KRT_NUMBA) && (k = numba_stem(name))) {
-                u->rt = KRT_NUMBA;
-                u->root = dir;
-                int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
-                struct dirent *de;
-                while (r == 0 && dd && (de = readdir(dd)))
-                        if (numba_stem(de->d_name) == k && !strncmp(de->d_name, name, k))
-                                r = add_member(u, dir, de->d_name);
-                if (dd)
-                        closedir(dd);
-                else if (fd >= 0)
-                        close(fd);
-                qsort(u->members, u->n, sizeof(*u->members), by_name); /* the same order on every run */
-                to_front(u, is_nbi); /* the index first: without it, the function is a clean miss */
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_PYOPENCL) && (d = ancestor_where(fs, path, 1, is_pyopencl_dir))) {
-                free(dir);
-                r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_info); /* without info: a clean miss */
-                char *cache = dir_of(d);
-                u->busy = cache && lock_held_by_other(fs, cache, "lock"); /* PyOpenCL reads and writes under it */
-                free(cache);
-                return r;
-        }
-        if ((f == KRT_AUTO || f == KRT_PYOPENCL) && (d = ancestor_where(fs, path, 1, is_pdict_item))) {
-                free(dir);
-                return whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_contents);
-        }
-        if ((f == KRT_AUTO || f == KRT_CUDA) && (d = ancestor_with(fs, dir, "index", 3))) {
-                /* the driver's index sits above hashed subdirectories: a file below one, or the index itself
-                 * beside them. A lone "index" file elsewhere is not it, and neither is Mesa's, whose
-                 * entries go one by one (below) */
-                if (f == KRT_CUDA || (!is_mesa_dir(d) && (strcmp(d, dir) || has_subdir(fs, d)))) {
-                        free(dir);
-                        return whole_dir_unit(fs, u, KRT_CUDA, d, is_cuda_index);
-                }
-                free(d);
-        }
-        if ((f == KRT_AUTO || f == KRT_NEO) && (neo_name(name) || f == KRT_NEO)) {
-                u->rt = KRT_NEO;
-                u->repair = ancestor_with(fs, dir, KFS_NEO_SIZE_FILE, 2);
-                u->root = dir;
-                return add_member(u, dir, name);
-        }
-single:
         u->rt = KRT_FILE;
-        u->root = dir;
-        return add_member(u, dir, name);
+        return add_member(u, dir, f.name);
 }
 
 void kev_unit_free(struct kev_unit *u)

@@ -41,23 +41,31 @@ def payload(key, size):
     return (h * (size // 32 + 1))[:size]
 
 
-def run_workers(target, mnt, nkeys, raw=None):
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    stop_at = time.monotonic() + DURATION
-    procs = [ctx.Process(target=target, args=(mnt, w, nkeys, stop_at, q)) for w in range(WORKERS)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    res = [q.get(timeout=10) for _ in procs]
-    if raw is not None:
-        raw.extend(res)
-    stores = sum(r[0] for r in res)
-    loads = sum(r[1] for r in res)
-    hits = sum(r[2] for r in res)
-    violations = [v for r in res for v in r[3]]
-    return stores, loads, hits, violations
+def run_workers(target, mnt, nkeys, raw=None, enough=None):
+    """WORKERS processes of target for DURATION; again, as long as enough(stores, loads, hits) says the
+    test has not yet seen what it needs (a slow or busy machine takes more rounds, never a failure: one
+    round of 3 s fell short once, right after a benchmark), for 60 s at most."""
+    stores = loads = hits = 0
+    violations = []
+    deadline = time.monotonic() + 60
+    while True:
+        ctx = mp.get_context("fork")
+        q = ctx.Queue()
+        stop_at = time.monotonic() + DURATION
+        procs = [ctx.Process(target=target, args=(mnt, w, nkeys, stop_at, q)) for w in range(WORKERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        res = [q.get(timeout=10) for _ in procs]
+        if raw is not None:
+            raw.extend(res)
+        stores += sum(r[0] for r in res)
+        loads += sum(r[1] for r in res)
+        hits += sum(r[2] for r in res)
+        violations += [v for r in res for v in r[3]]
+        if enough is None or enough(stores, loads, hits) or time.monotonic() > deadline:
+            return stores, loads, hits, violations
 
 
 def index_matches_tree(m):
@@ -162,7 +170,8 @@ def test_neo_never_refuses_and_its_size_file_stays_honest(kfs):
     m = kfs({"max_size": "1M", "tmp_age": "3600", "grace_ms": GRACE})
     os.makedirs(m.path("neo"))
     raw = []
-    stores, loads, hits, bad = run_workers(neo_worker, m.mnt, 200, raw)
+    stores, loads, hits, bad = run_workers(neo_worker, m.mnt, 200, raw,
+                                            enough=lambda s, l, h: s > 100 and h > 10 and evicted(m) > 20)
     assert not bad, bad[:5]
     assert stores > 100 and hits > 10 and evicted(m) > 20
     # The count is repaired in place: config.file is never removed under NEO, so NEO creates it (and
@@ -252,7 +261,8 @@ def sycl_worker(mnt, wid, nkeys, stop_at, q):
 def test_sycl_never_wipes_and_never_serves_a_torn_entry(kfs):
     m = kfs({"max_size": "1M", "grace_ms": GRACE})
     os.makedirs(m.path("sycl"))
-    stores, loads, hits, bad = run_workers(sycl_worker, m.mnt, 120)
+    stores, loads, hits, bad = run_workers(sycl_worker, m.mnt, 120,
+                                            enough=lambda s, l, h: s > 100 and h > 10 and evicted(m) > 10)
     assert not bad, bad[:5]
     assert stores > 100 and hits > 10 and evicted(m) > 10
     # Entries are whole or gone: never a .bin without its .src or access time.
@@ -319,7 +329,8 @@ def jax_worker(mnt, wid, nkeys, stop_at, q):
 def test_jax_never_has_a_cache_without_its_atime(kfs):
     m = kfs({"max_size": "1M", "grace_ms": GRACE})
     os.makedirs(m.path("jax"))
-    stores, loads, hits, bad = run_workers(jax_worker, m.mnt, 100)
+    stores, loads, hits, bad = run_workers(jax_worker, m.mnt, 100,
+                                            enough=lambda s, l, h: s > 50 and h > 10 and evicted(m) > 10)
     assert not bad, bad[:5]
     assert stores > 50 and hits > 10 and evicted(m) > 10
     names = set(os.listdir(m.path("jax")))
@@ -390,7 +401,8 @@ def triton_worker(mnt, wid, nkeys, stop_at, q):
 def test_triton_never_finds_json_without_binaries(kfs):
     m = kfs({"max_size": "1M", "grace_ms": TRITON_GRACE})
     os.makedirs(m.path("triton"))
-    stores, loads, hits, bad = run_workers(triton_worker, m.mnt, 80)
+    stores, loads, hits, bad = run_workers(triton_worker, m.mnt, 80,
+                                            enough=lambda s, l, h: s > 30 and h > 10 and evicted(m) > 10)
     assert not bad, bad[:5]
     assert stores > 30 and hits > 10 and evicted(m) > 10
     index_matches_tree(m)
@@ -444,7 +456,8 @@ def pocl_worker(mnt, wid, nkeys, stop_at, q):
 def test_pocl_never_sees_half_a_program_directory(kfs):
     m = kfs({"max_size": "1M", "grace_ms": POCL_GRACE})
     os.makedirs(m.path("pocl"))
-    stores, loads, hits, bad = run_workers(pocl_worker, m.mnt, 60)
+    stores, loads, hits, bad = run_workers(pocl_worker, m.mnt, 60,
+                                            enough=lambda s, l, h: s > 20 and h > 10 and evicted(m) > 10)
     assert not bad, bad[:5]
     assert stores > 20 and hits > 10 and evicted(m) > 10
     # Every program directory left is whole or empty.
