@@ -1,4 +1,5 @@
 /* runtimes.c: the runtime descriptors (runtimes.h). */
+#include <fnmatch.h>
 #include <string.h>
 
 #include "runtimes.h"
@@ -8,6 +9,13 @@ static const char *const sycl_keep[] = { "cache_size.txt", NULL };      /* its s
 static const char *const jax_keep[] = { ".lockfile", NULL };            /* py-filelock, around every get and put */
 static const char *const mesa_roots[] = { "mesa_shader_cache", NULL }; /* also mesa_shader_cache_db */
 static const char *const mesa_keep_in_root[] = { "index", NULL };      /* every GL process maps it */
+#define HEX16 "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]" \
+              "[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]"
+static const char *const neo_temp[] = { "cl_cache.??????", NULL };       /* mkstemp("cl_cache.XXXXXX") */
+static const char *const pocl_temp[] = { "tempfile-*", "tempfile_*", "*.temp", NULL };
+static const char *const numba_temp[] = { "*.nbi.tmp." HEX16, "*.nbc.tmp." HEX16, NULL }; /* then os.replace */
+static const char *const triton_temp_dirs[] = { "tmp.pid_*", NULL };    /* a store's directory, renamed in */
+static const char *const jax_temp_dirs[] = { "tmp", NULL };             /* XLA's autotune writes */
 static const char *const pyopencl_roots[] = { "pyopencl-compiler-cache-", "pdict-", NULL };
 static const char *const lock_keep[] = { "lock", NULL };                /* the bare name: a lock file */
 static const char *const ccache_keep[] = { "ccache.conf", NULL };       /* its settings (max_size among them) */
@@ -15,38 +23,74 @@ static const char *const ccache_keep[] = { "ccache.conf", NULL };       /* its s
 /* ccache's stats files (one per directory, 272 of them) are counters ccache rewrites as it goes: they
  * are evicted like its results, by recency, instead of holding 1 MiB of a small cache for good. */
 const struct krt_desc krt_table[KRT__COUNT] = {
-        [KRT_AUTO] = { "auto", "recognised by its layout", NULL, NULL, false, NULL, false },
-        [KRT_FILE] = { "file", "one file per entry", NULL, NULL, false, NULL, false },
-        [KRT_NEO] = { "neo", "Intel NEO (OpenCL, Level Zero)", "neo",
-                      "export NEO_CACHE_PERSISTENT=1 NEO_CACHE_DIR='@DIR@' NEO_CACHE_MAX_SIZE=0", true, neo_keep,
-                      true },
-        [KRT_SYCL] = { "sycl", "SYCL / DPC++", "sycl",
-                       "export SYCL_CACHE_PERSISTENT=1 SYCL_CACHE_DIR='@DIR@'; unset SYCL_CACHE_MAX_SIZE", true,
-                       sycl_keep, true },
-        [KRT_POCL] = { "pocl", "PoCL", "pocl", "export POCL_CACHE_DIR='@DIR@'", true, NULL, false },
-        [KRT_TRITON] = { "triton", "Triton", "triton", "export TRITON_CACHE_DIR='@DIR@'", true, lock_keep, true },
-        [KRT_JAX] = { "jax", "JAX", "jax",
-                      "export JAX_COMPILATION_CACHE_DIR='@DIR@' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0", true,
-                      jax_keep, true },
-        [KRT_CUDA] = { "cuda", "CUDA driver (and NVIDIA OpenCL)", "cuda",
-                       "export CUDA_CACHE_PATH='@DIR@' CUDA_CACHE_MAXSIZE=4294967296", true, NULL, true },
-        [KRT_KCACHE] = { "kcache", "libkcache and the OpenCL layer", "kcache", "export KCACHE_DIR='@DIR@'", true,
-                         NULL, false },
-        [KRT_MESA] = { "mesa", "Mesa's shader cache", "mesa",
-                       "export MESA_SHADER_CACHE_DIR='@DIR@' MESA_SHADER_CACHE_MAX_SIZE=64G", true, NULL,
-                       false, mesa_roots, mesa_keep_in_root },
-        [KRT_NUMBA] = { "numba", "Numba", "numba", "export NUMBA_CACHE_DIR='@DIR@'", true, NULL, true },
+        [KRT_AUTO] = { .name = "auto", .what = "recognised by its layout" },
+        [KRT_FILE] = { .name = "file", .what = "one file per entry" },
+        [KRT_NEO] = {
+                .name = "neo", .what = "Intel NEO (OpenCL, Level Zero)", .dir = "neo",
+                .env = "export NEO_CACHE_PERSISTENT=1 NEO_CACHE_DIR='@DIR@' NEO_CACHE_MAX_SIZE=0", .env_default = true,
+                .keep = neo_keep, .keeps_dirs = true, .temp = neo_temp,
+        },
+        [KRT_SYCL] = {
+                .name = "sycl", .what = "SYCL / DPC++", .dir = "sycl",
+                .env = "export SYCL_CACHE_PERSISTENT=1 SYCL_CACHE_DIR='@DIR@'; unset SYCL_CACHE_MAX_SIZE",
+                .env_default = true, .keep = sycl_keep, .keeps_dirs = true,
+        },
+        [KRT_POCL] = {
+                .name = "pocl", .what = "PoCL", .dir = "pocl", .env = "export POCL_CACHE_DIR='@DIR@'",
+                .env_default = true, .temp = pocl_temp,
+        },
+        [KRT_TRITON] = {
+                .name = "triton", .what = "Triton", .dir = "triton", .env = "export TRITON_CACHE_DIR='@DIR@'",
+                .env_default = true, .keep = lock_keep, .keeps_dirs = true, .temp_dirs = triton_temp_dirs,
+        },
+        [KRT_JAX] = {
+                .name = "jax", .what = "JAX", .dir = "jax",
+                .env = "export JAX_COMPILATION_CACHE_DIR='@DIR@' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
+                .env_default = true, .keep = jax_keep, .keeps_dirs = true, .temp_dirs = jax_temp_dirs,
+        },
+        [KRT_CUDA] = {
+                .name = "cuda", .what = "CUDA driver (and NVIDIA OpenCL)", .dir = "cuda",
+                .env = "export CUDA_CACHE_PATH='@DIR@' CUDA_CACHE_MAXSIZE=4294967296", .env_default = true,
+                .keeps_dirs = true,
+        },
+        [KRT_KCACHE] = {
+                .name = "kcache", .what = "libkcache and the OpenCL layer", .dir = "kcache",
+                .env = "export KCACHE_DIR='@DIR@'", .env_default = true,
+        },
+        [KRT_MESA] = {
+                .name = "mesa", .what = "Mesa's shader cache", .dir = "mesa",
+                .env = "export MESA_SHADER_CACHE_DIR='@DIR@' MESA_SHADER_CACHE_MAX_SIZE=64G", .env_default = true,
+                .roots = mesa_roots, .keep_in_root = mesa_keep_in_root,
+        },
+        [KRT_NUMBA] = {
+                .name = "numba", .what = "Numba", .dir = "numba", .env = "export NUMBA_CACHE_DIR='@DIR@'",
+                .env_default = true, .keeps_dirs = true, .temp = numba_temp,
+        },
         /* PyOpenCL and pytools have no variable of their own: they follow XDG_CACHE_HOME, which moves every
          * program's XDG cache into the mount, so it is printed only when asked for by name. */
-        [KRT_PYOPENCL] = { "pyopencl", "PyOpenCL (its compiler and invoker caches, by XDG_CACHE_HOME)", "xdg",
-                           "export XDG_CACHE_HOME='@DIR@'", false, lock_keep, false, pyopencl_roots, NULL, true },
-        [KRT_CCACHE] = { "ccache", "ccache", "ccache", "export CCACHE_DIR='@DIR@' CCACHE_MAXSIZE=0", true,
-                         ccache_keep, false },
-        [KRT_INDUCTOR] = { "inductor", "PyTorch Inductor", "inductor", "export TORCHINDUCTOR_CACHE_DIR='@DIR@'",
-                           true, lock_keep, true },
-        [KRT_CUPY] = { "cupy", "CuPy", "cupy", "export CUPY_CACHE_DIR='@DIR@'", true, NULL, true },
-        [KRT_TORCH_EXT] = { "torch-extensions", "PyTorch C++ extensions", "torch-extensions",
-                            "export TORCH_EXTENSIONS_DIR='@DIR@'", true, lock_keep, true },
+        [KRT_PYOPENCL] = {
+                .name = "pyopencl", .what = "PyOpenCL (its compiler and invoker caches, by XDG_CACHE_HOME)",
+                .dir = "xdg", .env = "export XDG_CACHE_HOME='@DIR@'", .keep = lock_keep, .roots = pyopencl_roots,
+                .dir_shared = true,
+        },
+        [KRT_CCACHE] = {
+                .name = "ccache", .what = "ccache", .dir = "ccache", .env = "export CCACHE_DIR='@DIR@' CCACHE_MAXSIZE=0",
+                .env_default = true, .keep = ccache_keep,
+        },
+        [KRT_INDUCTOR] = {
+                .name = "inductor", .what = "PyTorch Inductor", .dir = "inductor",
+                .env = "export TORCHINDUCTOR_CACHE_DIR='@DIR@'", .env_default = true, .keep = lock_keep,
+                .keeps_dirs = true,
+        },
+        [KRT_CUPY] = {
+                .name = "cupy", .what = "CuPy", .dir = "cupy", .env = "export CUPY_CACHE_DIR='@DIR@'",
+                .env_default = true, .keeps_dirs = true,
+        },
+        [KRT_TORCH_EXT] = {
+                .name = "torch-extensions", .what = "PyTorch C++ extensions", .dir = "torch-extensions",
+                .env = "export TORCH_EXTENSIONS_DIR='@DIR@'", .env_default = true, .keep = lock_keep,
+                .keeps_dirs = true,
+        },
 };
 
 int krt_by_name(const char *name)
@@ -116,6 +160,32 @@ bool krt_is_kept_path(const char *path)
                 for (const char *const *k = krt_table[i].keep_in_root; in_root && k && *k; k++)
                         if (!strcmp(b, *k))
                                 return true;
+        }
+        return false;
+}
+
+bool krt_is_temporary(const char *path)
+{
+        size_t l;
+        const char *b = base_of(path, &l);
+        for (int i = 0; i < KRT__COUNT; i++)
+                for (const char *const *t = krt_table[i].temp; t && *t; t++)
+                        if (fnmatch(*t, b, 0) == 0)
+                                return true;
+        char comp[256];
+        for (const char *p = path; *p;) { /* each directory component */
+                size_t n = strcspn(p, "/");
+                if (!p[n])
+                        break; /* the file's own name */
+                if (n < sizeof(comp)) {
+                        memcpy(comp, p, n);
+                        comp[n] = '\0';
+                        for (int i = 0; i < KRT__COUNT; i++)
+                                for (const char *const *t = krt_table[i].temp_dirs; t && *t; t++)
+                                        if (fnmatch(*t, comp, 0) == 0)
+                                                return true;
+                }
+                p += n + 1;
         }
         return false;
 }

@@ -41,6 +41,11 @@ struct krt_desc {
         /* The directory holds other programs' caches too (XDG_CACHE_HOME): kcache env does not mark it as
          * this runtime's (fs/evict/marks.c), and recognition goes by layout there. */
         bool dir_shared;
+        /* Its temporary names (fnmatch patterns on a file's name), and those of the directories it writes
+         * an entry in before it renames it into place: in flight, never evicted until older than tmp_age
+         * (a crash leaked them). NULL-terminated, or NULL. */
+        const char *const *temp;
+        const char *const *temp_dirs;
 };
 
 extern const struct krt_desc krt_table[KRT__COUNT];
@@ -52,6 +57,9 @@ bool krt_is_kept_name(const char *name);
 /* Whether the file at path (relative to the cache's root) is never evicted: a kept name, or a name kept
  * in the runtime's own root directory, directly in one. */
 bool krt_is_kept_path(const char *path);
+/* Whether the file at path (relative) is one of some runtime's temporary files, or in one of their
+ * temporary directories. */
+bool krt_is_temporary(const char *path);
 /* Whether the directory at path is one a runtime makes inside the directory it is given (roots). */
 bool krt_is_root_dir(const char *path);
 /* Whether name is a lock file's: the bare name lock, or *.lock. */

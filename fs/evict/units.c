@@ -25,8 +25,9 @@
  *                                                            too (a WriteOncePersistentDict never stores
  *                                                            into an existing one)
  *   other    -                                               the file
- * What each runtime keeps (locks, bookkeeping, settings), the directories kcache env gives them and
- * whether eviction removes the directories it empties are data: common/runtimes.c.
+ * What each runtime keeps (locks, bookkeeping, settings), its temporary names, the directories kcache env
+ * gives them and whether eviction removes the directories it empties are data: common/runtimes.c. How
+ * its entries are recognised and ordered is a function here, listed in `recognisers`.
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
  * markers cannot recognise (and to turn recognition off: layout=file).
  *
@@ -70,24 +71,10 @@ static int is_base32(int c)
 }
 
 /* In-flight temporary files of the runtimes (and anything under a tmp/ or tmp.pid_* directory). */
+/* A runtime's temporary file, or one in a runtime's temporary directory (common/runtimes.c). */
 static bool is_temporary(const char *path)
 {
-        const char *name = base_of(path);
-        if (!strncmp(name, "cl_cache.", 9) && strlen(name) == 15)
-                return true; /* NEO's mkstemp("cl_cache.XXXXXX") */
-        if (!strncmp(name, "tempfile-", 9) || !strncmp(name, "tempfile_", 9) || ends_with(name, ".temp"))
-                return true; /* PoCL */
-        const char *t = strstr(name, ".tmp.");
-        if (t && t - name >= 4 && (!strncmp(t - 4, ".nbi", 4) || !strncmp(t - 4, ".nbc", 4)) &&
-            strlen(t + 5) == 16 && all_of(t + 5, 16, isxdigit))
-                return true; /* Numba: <file>.tmp.<16 hex>, then os.replace */
-        for (const char *p = path; *p;) { /* a directory component tmp or tmp.pid_* (Triton, XLA) */
-                size_t l = strcspn(p, "/");
-                if (p[l] == '/' && ((l == 3 && !strncmp(p, "tmp", 3)) || !strncmp(p, "tmp.pid_", 8)))
-                        return true;
-                p += l + (p[l] == '/');
-        }
-        return false;
+        return krt_is_temporary(path);
 }
 
 bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns)

@@ -368,6 +368,22 @@ static void test_runtime_descriptors(void)
         CHECK(!krt_is_kept_path("m/mesa_shader_cache/0a/index"));
         CHECK(krt_is_kept_path("x/neo/config.file"));
         CHECK(krt_is_root_dir("xdg/pytools/pdict-v4-x") && krt_is_root_dir("mesa_shader_cache_db"));
+        /* Temporary names, as the descriptors give them. */
+        const char *temp[] = { "neo/cl_cache.AbC123", "pocl/tempfile-1234", "pocl/ab/x.temp",
+                               "numba/m.f-3.py311.nbi.tmp.0123456789abcdef", "t/tmp.pid_12_34/x.json", "j/tmp/x",
+                               "x/tmp/y/z" };
+        for (size_t i = 0; i < sizeof(temp) / sizeof(*temp); i++)
+                if (!krt_is_temporary(temp[i])) {
+                        fprintf(stderr, "not temporary: %s\n", temp[i]);
+                        tutil_failures++;
+                }
+        const char *not_temp[] = { "neo/cl_cache.ab", "pocl/temp", "numba/m.nbi.tmp.zz", "t/tmp", "t/tmpx/y",
+                                   "t/x.tmp.pid_1", "numba/m.f-3.py311.nbi" };
+        for (size_t i = 0; i < sizeof(not_temp) / sizeof(*not_temp); i++)
+                if (krt_is_temporary(not_temp[i])) {
+                        fprintf(stderr, "temporary, wrongly: %s\n", not_temp[i]);
+                        tutil_failures++;
+                }
         CHECK(!krt_is_root_dir("pocl/ab"));
 }
 
