@@ -52,21 +52,32 @@ struct kfs_flock_wait {
         struct kfs_flock_wait *next;
 };
 
+/* Reads /proc/PID/FILE into buf (NUL-terminated). Returns the bytes read, 0 if none (the process exited
+ * between the open and the read), or -errno if it could not be opened. */
+static ssize_t read_proc(pid_t pid, const char *file, char *buf, size_t size)
+{
+        char path[64];
+        snprintf(path, sizeof(path), "/proc/%d/%s", (int)pid, file);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        ssize_t n = read(fd, buf, size - 1);
+        close(fd);
+        buf[n > 0 ? n : 0] = 0;
+        return n > 0 ? n : 0;
+}
+
 /* Is the thread that took a lock gone, its files closed? */
 static bool taker_gone(pid_t tid)
 {
         if (tid <= 0)
                 return false;
-        char path[64], buf[512];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)tid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-                return errno == ENOENT || errno == ESRCH;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
+        char buf[512];
+        ssize_t n = read_proc(tid, "stat", buf, sizeof(buf));
+        if (n < 0)
+                return n == -ENOENT || n == -ESRCH;
+        if (n == 0)
                 return true; /* exited between the open and the read */
-        buf[n] = 0;
         const char *p = strrchr(buf, ')'); /* the name may hold anything, even ") Z" */
         return p && (p[2] == 'Z' || p[2] == 'X');
 }
@@ -75,16 +86,9 @@ pid_t kfs_tgid_of(pid_t tid)
 {
         if (tid <= 0)
                 return 0;
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%d/status", (int)tid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
+        char buf[1024];
+        if (read_proc(tid, "status", buf, sizeof(buf)) <= 0)
                 return 0;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-                return 0;
-        buf[n] = 0;
         const char *t = strstr(buf, "\nTgid:");
         return t ? (pid_t)atoi(t + 6) : 0;
 }
@@ -93,16 +97,9 @@ uint64_t kfs_proc_start(pid_t pid)
 {
         if (pid <= 0)
                 return 0;
-        char path[64], buf[1024];
-        snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-        int fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
+        char buf[1024];
+        if (read_proc(pid, "stat", buf, sizeof(buf)) <= 0)
                 return 0;
-        ssize_t n = read(fd, buf, sizeof(buf) - 1);
-        close(fd);
-        if (n <= 0)
-                return 0;
-        buf[n] = 0;
         const char *p = strrchr(buf, ')'); /* the name may hold anything */
         if (!p || p[1] != ' ' || p[2] == 'Z' || p[2] == 'X')
                 return 0; /* a zombie has exited: it holds nothing any more */
