@@ -1,0 +1,257 @@
+/* tree.c: the only door to the backing tree; the rules R1-R4 and why they exist are in tree.h. */
+#include "tree.h"
+
+#include <errno.h>
+#include <linux/openat2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+
+#define RESOLVE_SAFE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
+
+/* 1 once openat2 was seen to work, -1 once the kernel said ENOSYS; a benign race. */
+static int have_openat2;
+
+bool ktree_name_ok(const char *name)
+{
+        return name && *name && !strchr(name, '/') && strcmp(name, ".") && strcmp(name, "..");
+}
+
+int ktree_init_fd(struct ktree *t, int root)
+{
+        struct stat st;
+        if (fstat(root, &st) < 0)
+                return -errno;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        t->root = root;
+        t->dev = st.st_dev;
+        return 0;
+}
+
+int ktree_init(struct ktree *t, const char *path)
+{
+        int fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        int r = ktree_init_fd(t, fd);
+        if (r < 0)
+                close(fd);
+        return r;
+}
+
+void ktree_close(struct ktree *t)
+{
+        if (t->root >= 0)
+                close(t->root);
+        t->root = -1;
+}
+
+static int base_of(const struct ktree *t, int dfd)
+{
+        return dfd == KTREE_ROOT ? t->root : dfd;
+}
+
+/* The object FD must lie on the tree's device (R3): a name that is a mount point of another filesystem
+ * leads out of the tree. */
+static int on_tree(const struct ktree *t, int fd)
+{
+        struct stat st;
+        if (fstat(fd, &st) < 0)
+                return -errno;
+        return st.st_dev == t->dev ? 0 : -EXDEV;
+}
+
+/* R1-R3 without openat2: one component at a time, each opened O_NOFOLLOW (a symlink component fails with
+ * ELOOP or ENOTDIR) and checked to be on the tree's device. */
+static int walk_components(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)
+{
+        if (*rel == '/')
+                return -EXDEV;
+        char *copy = strdup(rel), *save = NULL;
+        if (!copy)
+                return -ENOMEM;
+        int cur = -1, r = 0;
+        char *part = strtok_r(copy, "/", &save);
+        if (!part) { /* "" or "/"-only: the directory itself */
+                free(copy);
+                int fd = openat(dfd, ".", flags | O_CLOEXEC, mode);
+                return fd < 0 ? -errno : fd;
+        }
+        while (part) {
+                char *next = strtok_r(NULL, "/", &save);
+                if (!strcmp(part, "..")) {
+                        r = -EXDEV;
+                        break;
+                }
+                int from = cur >= 0 ? cur : dfd;
+                int fd = next ? openat(from, part, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                              : openat(from, part, flags | O_NOFOLLOW | O_CLOEXEC, mode);
+                if (fd < 0) {
+                        r = -errno;
+                        if (r == -ENOTDIR && next) /* a symlink where a directory was expected */
+                                r = -ELOOP;
+                        break;
+                }
+                if (cur >= 0)
+                        close(cur);
+                cur = fd;
+                if ((r = on_tree(t, cur)) < 0)
+                        break;
+                part = next;
+        }
+        free(copy);
+        if (r < 0) {
+                if (cur >= 0)
+                        close(cur);
+                return r;
+        }
+        return cur;
+}
+
+int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)
+{
+        dfd = base_of(t, dfd);
+        if (!rel || !*rel)
+                rel = ".";
+        flags |= O_NOFOLLOW | O_CLOEXEC;
+        if (have_openat2 >= 0) {
+                struct open_how how = { .flags = (uint64_t)flags, .resolve = RESOLVE_SAFE };
+                if (flags & (O_CREAT | __O_TMPFILE))
+                        how.mode = mode;
+                long fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
+                if (fd >= 0) {
+                        have_openat2 = 1;
+                        return (int)fd;
+                }
+                if (errno != ENOSYS)
+                        return -errno;
+                have_openat2 = -1;
+        }
+        return walk_components(t, dfd, rel, flags, mode);
+}
+
+int ktree_stat(const struct ktree *t, int dfd, const char *rel, struct stat *st)
+{
+        int fd = ktree_open(t, dfd, rel, O_PATH, 0);
+        if (fd < 0)
+                return fd;
+        int r = fstat(fd, st) < 0 ? -errno : 0;
+        close(fd);
+        return r;
+}
+
+DIR *ktree_opendir(const struct ktree *t, int dfd, const char *rel)
+{
+        int fd = ktree_open(t, dfd, rel, O_RDONLY | O_DIRECTORY, 0);
+        if (fd < 0) {
+                errno = -fd;
+                return NULL;
+        }
+        DIR *d = fdopendir(fd);
+        if (!d) {
+                int e = errno;
+                close(fd);
+                errno = e;
+        }
+        return d;
+}
+
+int ktree_walk(const struct ktree *t, size_t n, const char *const *names, const uint64_t *inos, int flags)
+{
+        int cur = -1;
+        for (size_t i = 0; i < n; i++) {
+                if (!ktree_name_ok(names[i])) {
+                        if (cur >= 0)
+                                close(cur);
+                        return -EINVAL;
+                }
+                int last = i + 1 == n;
+                int fd = openat(cur >= 0 ? cur : t->root, names[i],
+                                (last ? flags : O_PATH) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int r = fd < 0 ? (errno == ELOOP ? -ESTALE : -errno) : 0;
+                struct stat st;
+                if (r == 0 && fstat(fd, &st) < 0)
+                        r = -errno;
+                if (r == 0 && (st.st_dev != t->dev || st.st_ino != (ino_t)inos[i]))
+                        r = -ESTALE;
+                if (cur >= 0)
+                        close(cur);
+                cur = fd;
+                if (r < 0) {
+                        if (cur >= 0)
+                                close(cur);
+                        return r;
+                }
+        }
+        if (cur < 0) { /* n == 0: the root itself */
+                cur = openat(t->root, ".", flags | O_DIRECTORY | O_CLOEXEC);
+                if (cur < 0)
+                        return -errno;
+        }
+        return cur;
+}
+
+int ktree_unlink(const struct ktree *t, int dfd, const char *name, const struct stat *expect, int flags)
+{
+        if (!ktree_name_ok(name))
+                return -EINVAL;
+        dfd = base_of(t, dfd);
+        if (expect) {
+                struct stat cur;
+                if (fstatat(dfd, name, &cur, AT_SYMLINK_NOFOLLOW) < 0)
+                        return -errno;
+                if (!ktree_same(&cur, expect))
+                        return -ESTALE;
+        }
+        return unlinkat(dfd, name, flags) < 0 ? -errno : 0;
+}
+
+int ktree_unlink_ino(const struct ktree *t, int dfd, const char *name, uint64_t ino, int flags)
+{
+        struct stat want = { .st_dev = t->dev, .st_ino = (ino_t)ino };
+        return ktree_unlink(t, dfd, name, &want, flags);
+}
+
+int ktree_rename(const struct ktree *t, int ofd, const char *oname, int nfd, const char *nname, unsigned flags)
+{
+        if (!ktree_name_ok(oname) || !ktree_name_ok(nname))
+                return -EINVAL;
+        return syscall(SYS_renameat2, base_of(t, ofd), oname, base_of(t, nfd), nname, flags) < 0 ? -errno : 0;
+}
+
+int ktree_mkdir(const struct ktree *t, int dfd, const char *name, mode_t mode)
+{
+        if (!ktree_name_ok(name))
+                return -EINVAL;
+        return mkdirat(base_of(t, dfd), name, mode) < 0 ? -errno : 0;
+}
+
+int ktree_symlink(const struct ktree *t, const char *target, int dfd, const char *name)
+{
+        if (!ktree_name_ok(name))
+                return -EINVAL;
+        return symlinkat(target, base_of(t, dfd), name) < 0 ? -errno : 0;
+}
+
+int ktree_mknod(const struct ktree *t, int dfd, const char *name, mode_t mode, dev_t rdev)
+{
+        if (!ktree_name_ok(name))
+                return -EINVAL;
+        return mknodat(base_of(t, dfd), name, mode, rdev) < 0 ? -errno : 0;
+}
+
+int ktree_link(const struct ktree *t, int fd, int nfd, const char *nname)
+{
+        if (!ktree_name_ok(nname))
+                return -EINVAL;
+        char proc[64];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        return linkat(AT_FDCWD, proc, base_of(t, nfd), nname, AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
+}
