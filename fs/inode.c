@@ -199,7 +199,7 @@ static int reopen_by_index(struct kfs *fs, struct kfs_inode *in)
                         continue;
                 /* A name that is gone or holds another file is no way back to it: -ESTALE, never -1 (a
                  * failed openat's), which the caller would have replied as EPERM. */
-                int f = openat(fs->root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                int f = openat(fs->tree.root, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
                 if (f >= 0 && (fstat(f, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type)) {
                         close(f);
                         f = -1;
@@ -268,7 +268,7 @@ int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
         }
         pthread_mutex_unlock(&fs->fdc.lock);
         /* Closed while idle (only a reopenable inode is): reopen it, outside the lock. */
-        int fd = in->fh ? open_by_handle_at(fs->root_fd, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
+        int fd = in->fh ? open_by_handle_at(fs->tree.root, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
         if (fd < 0 && in->fh)
                 fd = errno == ENOENT ? -ESTALE : -errno;
         if (fd < 0)
@@ -356,7 +356,7 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                 snprintf(fs->fdc.why, sizeof(fs->fdc.why), "the backing filesystem gives no file handles (%s)",
                          strerror(errno));
         } else {
-                int fd = open_by_handle_at(fs->root_fd, h, O_PATH | O_CLOEXEC);
+                int fd = open_by_handle_at(fs->tree.root, h, O_PATH | O_CLOEXEC);
                 if (fd >= 0) {
                         close(fd);
                         fs->fdc.handles = true;

@@ -56,7 +56,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                         r = -errno;
                         break;
                 }
-                if (e->attr.st_dev != fs->dev) {
+                if (e->attr.st_dev != fs->tree.dev) {
                         r = -EXDEV; /* a mount inside the backing directory is not part of the cache */
                         break;
                 }
@@ -773,7 +773,7 @@ void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
         (void)ino;
         struct kfs *fs = kfs_of(req);
         struct statvfs sv;
-        if (fstatvfs(fs->root_fd, &sv) < 0) {
+        if (fstatvfs(fs->tree.root, &sv) < 0) {
                 fuse_reply_err(req, errno);
                 return;
         }

@@ -31,7 +31,7 @@
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
  * markers cannot recognise (and to turn recognition off: layout=file).
  *
- * Everything here reads the backing tree relative to fs->root_fd; nothing here changes it. */
+ * Everything here reads the backing tree relative to fs->tree.root; nothing here changes it. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -121,13 +121,13 @@ static bool exists_at(struct kfs *fs, const char *dir, const char *name)
         char p[PATH_MAX];
         struct stat st;
         snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name);
-        return fstatat(fs->root_fd, *p ? p : ".", &st, AT_SYMLINK_NOFOLLOW) == 0;
+        return fstatat(fs->tree.root, *p ? p : ".", &st, AT_SYMLINK_NOFOLLOW) == 0;
 }
 
 /* Whether the directory dir (relative) holds a directory. */
 static bool has_subdir(struct kfs *fs, const char *dir)
 {
-        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = openat(fs->tree.root, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
         bool found = false;
         struct dirent *de;
@@ -176,7 +176,7 @@ static int add_tree(struct kfs *fs, struct kev_unit *u, const char *dir, int dep
 {
         if (depth > 16)
                 return -ELOOP;
-        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = openat(fs->tree.root, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
                 return -errno;
         DIR *d = fdopendir(fd);
@@ -283,7 +283,7 @@ static bool is_triton_dir(struct kfs *fs, const char *d, const char *path)
                 return false;
         if (forced(fs, path) == KRT_TRITON)
                 return true;
-        int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int fd = openat(fs->tree.root, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
         bool grp = false;
         struct dirent *de;
@@ -394,7 +394,7 @@ static bool lock_held_by_other(struct kfs *fs, const char *dir, const char *name
         char p[PATH_MAX];
         struct stat st;
         if (snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name) >= (int)sizeof(p) ||
-            fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0)
+            fstatat(fs->tree.root, p, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 return false; /* no lock: nobody is inside */
         if (!kev_writer)
                 return true;
@@ -513,7 +513,7 @@ static int pocl_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u
                 return 0;
         int r = whole_dir_unit(fs, u, KRT_POCL, d, is_program_bc);
         struct stat st;
-        if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
+        if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->tree.root, d, &st, 0) == 0 &&
             kfs_now_ns() - ((int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec) <
                     (int64_t)(fs->o.tmp_age * 1e9))
                 u->busy = true;
@@ -537,7 +537,7 @@ static int numba_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *
         if (!k)
                 return 0;
         int r = 0;
-        int fd = openat(fs->root_fd, *f->dir ? f->dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = openat(fs->tree.root, *f->dir ? f->dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
         DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
         struct dirent *de;
         while (r == 0 && dd && (de = readdir(dd)))
