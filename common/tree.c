@@ -15,6 +15,10 @@
 
 #define RESOLVE_SAFE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
 
+#define OPEN_FLAGS (O_ACCMODE | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_APPEND | O_NONBLOCK | O_DSYNC | \
+                    FASYNC | O_DIRECT | O_LARGEFILE | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_SYNC | \
+                    __O_TMPFILE)
+
 /* 1 once openat2 was seen to work, -1 once the kernel said ENOSYS; a benign race. */
 static int have_openat2;
 
@@ -120,6 +124,8 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
         dfd = base_of(t, dfd);
         if (!rel || !*rel)
                 rel = ".";
+        /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
+        flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
         flags |= O_NOFOLLOW | O_CLOEXEC;
         if (have_openat2 >= 0) {
                 struct open_how how = { .flags = (uint64_t)flags, .resolve = RESOLVE_SAFE };
