@@ -141,7 +141,7 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
         if (have_openat2 >= 0) {
                 struct open_how how = { .flags = (uint64_t)flags, .resolve = RESOLVE_SAFE };
                 if (flags & (O_CREAT | __O_TMPFILE))
-                        how.mode = mode;
+                        how.mode = mode & 07777; /* openat2 refuses the type bits a request carries */
                 long fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
                 if (fd >= 0) {
                         have_openat2 = 1;

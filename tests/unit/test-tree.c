@@ -57,6 +57,11 @@ static void run(const char *root, const char *outside, bool walk)
         CHECK_EQ(ktree_open(&t, dfd, "flink", O_WRONLY | O_CREAT, 0600), -ELOOP);
         fd = ktree_open(&t, dfd, "new", O_WRONLY | O_CREAT | O_EXCL, 0600);
         CHECK(fd >= 0 && fstat(fd, &st) == 0 && (st.st_mode & 07777) == 0600);
+        int f2 = ktree_open(&t, dfd, "typed", O_WRONLY | O_CREAT | O_TRUNC, S_IFREG | 0640); /* as FUSE's create */
+        CHECK(f2 >= 0);
+        if (f2 >= 0)
+                close(f2);
+        CHECK_EQ(ktree_unlink(&t, dfd, "typed", NULL, 0), 0);
         /* removal checks identity (R4) */
         struct stat other;
         CHECK(stat(at(root, "a/b/file"), &other) == 0);
