@@ -131,6 +131,22 @@ static void trim_locked(struct kfs *fs)
         }
 }
 
+bool kfs_fds_shed(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->fdc.lock);
+        size_t before = fs->fdc.open, cap = fs->fdc.idle / 2;
+        if (fs->fdc.cap > cap)
+                fs->fdc.cap = cap > 16 ? cap : 16;
+        trim_locked(fs);
+        bool shed = fs->fdc.open < before;
+        cap = fs->fdc.cap;
+        pthread_mutex_unlock(&fs->fdc.lock);
+        if (atomic_fetch_add(&fs->fdc.sheds, 1) == 0 || shed)
+                fprintf(stderr, "kcachefs: warning: out of descriptors (RLIMIT_NOFILE): %s; idle inodes keep at most %zu\n",
+                        shed ? "idle ones closed" : "none idle to close", cap);
+        return shed;
+}
+
 /* Whether the inode's fd may be closed while idle: something reopens it (DESCRIPTORS). */
 static bool reopenable(const struct kfs_inode *in)
 {
@@ -253,6 +269,14 @@ static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
         return fd == -ESTALE ? reopen_by_index(fs, in) : fd;
 }
 
+static int reopen(struct kfs *fs, struct kfs_inode *in)
+{
+        if (!in->fh)
+                return reopen_by_name(fs, in);
+        int fd = open_by_handle_at(fs->tree.root, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        return fd >= 0 ? fd : errno == ENOENT ? -ESTALE : -errno;
+}
+
 int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
 {
         if (in == &fs->root)
@@ -271,9 +295,8 @@ int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
         }
         pthread_mutex_unlock(&fs->fdc.lock);
         /* Closed while idle (only a reopenable inode is): reopen it, outside the lock. */
-        int fd = in->fh ? open_by_handle_at(fs->tree.root, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
-        if (fd < 0 && in->fh)
-                fd = errno == ENOENT ? -ESTALE : -errno;
+        int fd;
+        KFS_RETRY_FDS(fs, fd, reopen(fs, in));
         if (fd < 0)
                 return fd;
         atomic_fetch_add(&fs->fdc.reopens, 1);
@@ -400,6 +423,12 @@ uint64_t kfs_inode_fds_open(struct kfs *fs)
         return n;
 }
 
+static int open_errno(const char *path, int flags)
+{
+        int fd = open(path, flags);
+        return fd < 0 ? -errno : fd;
+}
+
 int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
 {
         int pfd = kfs_inode_fd(fs, in);
@@ -407,8 +436,8 @@ int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
                 return pfd;
         char proc[64];
         kfs_proc_path(proc, sizeof(proc), pfd);
-        int fd = open(proc, flags);
-        int r = fd < 0 ? -errno : fd;
+        int r;
+        KFS_RETRY_FDS(fs, r, open_errno(proc, flags));
         kfs_inode_fd_put(fs, in, pfd);
         return r;
 }
@@ -575,7 +604,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         bool by_name = fd < 0;
         struct stat check;
         if (by_name) {
-                fd = ktree_open(&fs->tree, dirfd, name, O_PATH, 0);
+                KFS_RETRY_FDS(fs, fd, ktree_open(&fs->tree, dirfd, name, O_PATH, 0));
                 if (fd < 0)
                         return fd;
                 if (fstatat(fd, "", &check, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 || !ktree_same(&check, st)) {

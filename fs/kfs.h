@@ -203,7 +203,8 @@ struct kfs {
                 size_t open;          /* inodes' fds open now; lock */
                 size_t idle;          /* of them, in the idle list (open, reopenable, not borrowed); lock */
                 size_t cap;           /* idle fds are closed past this many (-o inode_fds, at most half
-                                         RLIMIT_NOFILE) */
+                                         RLIMIT_NOFILE; lowered by kfs_fds_shed); lock */
+                _Atomic uint64_t sheds; /* times the process ran out of descriptors (kfs_fds_shed) */
                 struct kfs_inode *idle_head, *idle_tail; /* least recently used first; lock */
                 _Atomic uint64_t reopens; /* fds reopened from their handle or name since mount */
         } fdc;
@@ -323,6 +324,16 @@ void kfs_inode_fd_retire(struct kfs *fs, struct kfs_inode *in);
 /* At mount, before any inode: whether fds can be reopened from file handles here, and how many stay
  * open; says on stderr when the descriptor limit constrains the cache's files. */
 void kfs_inode_fds_init(struct kfs *fs, uint64_t files);
+/* The process ran out of descriptors (EMFILE, ENFILE: its limit was lowered while it runs, or open files
+ * took them): closes half of the idle inodes' fds and keeps the cap there. True if any was closed, and
+ * the failed call may be tried again. */
+bool kfs_fds_shed(struct kfs *fs);
+/* Runs CALL (an expression giving a descriptor or -errno) into R, again after each shed of idle fds while
+ * it fails for want of descriptors. */
+#define KFS_RETRY_FDS(fs, r, call)                                                              \
+        do {                                                                                    \
+                (r) = (call);                                                                   \
+        } while (((r) == -EMFILE || (r) == -ENFILE) && kfs_fds_shed(fs))
 /* Table lookup by backing inode number; NULL if the kernel does not know it. itable_lock held. */
 struct kfs_inode *kfs_inode_find_locked(struct kfs *fs, uint64_t bino);
 /* Re-reads the allocated size of an open regular file and tells the index. lock held. */

@@ -169,10 +169,11 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 fuse_reply_err(req, -dfd);
                 return;
         }
-        int fd = ktree_open(&fs->tree, dfd, name, flags | O_CREAT | O_EXCL, kfs_req_mode(req, mode));
+        int fd;
+        KFS_RETRY_FDS(fs, fd, ktree_open(&fs->tree, dfd, name, flags | O_CREAT | O_EXCL, kfs_req_mode(req, mode)));
         if (fd == -EEXIST && !(fi->flags & O_EXCL)) {
                 created = false; /* it appeared since the kernel's lookup: open it as it is */
-                fd = ktree_open(&fs->tree, dfd, name, flags & ~(O_CREAT | O_EXCL), 0);
+                KFS_RETRY_FDS(fs, fd, ktree_open(&fs->tree, dfd, name, flags & ~(O_CREAT | O_EXCL), 0));
         }
         if (fd < 0) {
                 kfs_inode_fd_put(fs, dir, dfd);

@@ -216,3 +216,29 @@ def test_a_new_file_on_the_number_of_a_removed_one_is_counted(kfs, reopen):
         assert int(os.getxattr(m.mnt, "user.kcachefs.used_bytes")) == backing_bytes(m.backing)
     finally:
         os.close(held)
+
+
+def test_a_descriptor_limit_lowered_while_it_runs_sheds_idle_descriptors(kfs):
+    """prlimit lowers a running daemon's RLIMIT_NOFILE below the descriptors it holds (idle inodes' fds
+    after a walk): the next opens find none free (EMFILE), and the daemon closes idle ones and tries again,
+    instead of failing the caller's create, open or lookup."""
+    n = 6000
+    m = kfs({"max_size": "1G"}, tmpfs_size="512m")
+    pid = m.pid()
+    os.mkdir(m.path("d"))
+    for i in range(n):
+        with open(m.path("d", f"f{i}"), "wb") as f:
+            f.write(b"%d" % i)
+    subprocess.run(["find", m.mnt, "-type", "f"], capture_output=True, check=True)  # every inode looked up
+    held = nfds(pid)
+    assert held > 5000, f"the daemon holds only {held} descriptors: the test would not test"
+    subprocess.run(["prlimit", f"--pid={pid}", "--nofile=4096:4096"], check=True)
+    for i in range(200):  # creates, new lookups and opens, each needing a descriptor
+        with open(m.path("d", f"new{i}"), "wb") as f:
+            f.write(b"new%d" % i)
+    for i in range(0, n, 13):
+        with open(m.path("d", f"f{i}"), "rb") as f:
+            assert f.read() == b"%d" % i
+    assert nfds(pid) < 4096
+    v = subprocess.run([KCACHE, "verify", m.mnt], capture_output=True, text=True)
+    assert v.returncode == 0, v.stdout + v.stderr
