@@ -199,5 +199,10 @@ int kidx_reader_list(kidx_reader *r, bool mru, uint64_t limit, const char *prefi
                      int (*fn)(void *ud, const struct kidx_entry *e), void *ud);
 /* Per-uid totals: fn(uid, files, bytes). */
 int kidx_reader_users(kidx_reader *r, void (*fn)(void *ud, uint32_t uid, uint64_t files, uint64_t bytes), void *ud);
-/* Every regular file's path and indexed bytes, for comparing with the tree. */
-int kidx_reader_files(kidx_reader *r, void (*fn)(void *ud, const char *path, uint64_t ino, uint64_t bytes), void *ud);
+/* Every name of a regular file reachable from the root, as (directory inode, name), with the file's inode
+ * and indexed bytes: for comparing with the tree by identity, at any depth (kcache verify). */
+int kidx_reader_names(kidx_reader *r,
+                      void (*fn)(void *ud, uint64_t dir, const char *name, uint64_t ino, uint64_t bytes), void *ud);
+/* The path of name in directory dir, relative to the root, in *ret (malloc'ed; any length): for a report.
+ * -ENOENT when dir is not reachable from the root. */
+int kidx_reader_path(kidx_reader *r, uint64_t dir, const char *name, char **ret);
