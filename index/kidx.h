@@ -103,6 +103,9 @@ void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns);
  * file, or one never indexed): only rows count (I3). */
 void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t new_bytes);
 void kidx_set_pinned(kidx *idx, uint64_t ino, bool pinned);
+/* The attribute a pinned backing file carries (value "1"; the daemon sets and removes it with the pin,
+ * fs/control.c): a rebuild pins every file that has it (kidx-rebuild.c), so a pin outlives its index. */
+#define KIDX_PIN_XATTR "user.kcachefs.pinned"
 /* A new regular file ino (bytes allocated, owned by uid), counted as an access. A row of ino still held
  * (a reused inode number) is replaced, and stops counting. */
 void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_t now_ns);
