@@ -366,3 +366,25 @@ def test_pins_survive_a_rebuild_of_the_index(kfs, how):
     kcache("evict", m.mnt, "--to", "0")
     assert sorted(os.listdir(m.mnt)) == ["d", "keep"] and os.listdir(m.path("d")) == ["keep2"]
     assert "pin" in kcache("ls", m.mnt).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_a_user_cannot_forge_a_pin_through_the_mount(kfs):
+    """The pin's attribute on the backing file is the daemon's: a user who may not pin cannot write it
+    through the mount, on another's file or their own, so no rebuild can find a pin there."""
+    m = kfs({"allow_other": True, "default_permissions": True})
+    os.chmod(m.mnt, 0o1777)
+    u = ensure_user("kcfs-user2")
+    fill(m, ["roots"])
+    os.chmod(m.path("roots"), 0o666)
+    subprocess.run(["runuser", "-u", u.pw_name, "--", "sh", "-c", f"echo x > {m.path('mine')}"], check=True)
+    for n in ("roots", "mine"):
+        p = subprocess.run(["runuser", "-u", u.pw_name, "--", "setfattr", "-n", "user.kcachefs.pinned", "-v", "1",
+                            m.path(n)], capture_output=True, text=True)
+        assert p.returncode != 0 and "not permitted" in p.stderr, (n, p.stderr)
+        assert "user.kcachefs.pinned" not in os.listxattr(os.path.join(m.backing, n))
+    m.stop()
+    os.unlink(m.index_path)
+    m.start()
+    assert os.getxattr(m.path("mine"), "user.kcachefs.pinned") == b"0"
+    assert os.getxattr(m.path("roots"), "user.kcachefs.pinned") == b"0"
