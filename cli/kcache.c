@@ -16,14 +16,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "quote.h"
 #include "show.h"
 #include "../index/kidx.h"
 #include "../common/runtimes.h"
+#include "../common/tree.h"
 
 #define KC_PREFIX "user.kcachefs."
 
@@ -44,7 +47,8 @@ static void kc_usage(FILE *f)
         fputs("usage: kcache COMMAND [ARGS]\n"
               "\n"
               "  stats [MOUNT] [--json|--prometheus]     limit, use, files, hits, evictions, per-user usage\n"
-              "  ls [MOUNT] [PATH] [--lru|--mru] [-n N]  files in eviction order with size, last access, opens\n"
+              "  ls [MOUNT] [PATH] [--lru|--mru] [-n N] [--json]\n"
+              "                                          files in eviction order with size, last access, opens\n"
               "  evict MOUNT --to SIZE                   evict least recently used files down to SIZE\n"
               "  evict MOUNT --older-than DURATION       evict files not accessed for DURATION (30d, 12h, 90s)\n"
               "  evict PATH...                           evict these files now (unless open or pinned)\n"
@@ -151,7 +155,9 @@ static void kc_user_row(void *ud, uint32_t uid, uint64_t files, uint64_t bytes)
                 fprintf(u->out, "%s{\"uid\":%u,\"files\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", u->n ? "," : "", uid, files,
                         bytes);
         } else {
-                fprintf(u->out, "kcachefs_user_used_bytes{mount=\"%s\",uid=\"%u\"} %" PRIu64 "\n", u->mount, uid, bytes);
+                fputs("kcachefs_user_used_bytes{mount=", u->out);
+                kc_put_prom(u->out, u->mount);
+                fprintf(u->out, ",uid=\"%u\"} %" PRIu64 "\n", uid, bytes);
         }
         u->n++;
 }
@@ -181,7 +187,9 @@ static int kc_stats(int argc, char **argv)
         struct kc_users u = { .out = stdout, .mode = mode, .mount = mount };
         if (mode == 1) {
                 json[strlen(json) - 1] = '\0'; /* reopen the daemon's object to add the users */
-                printf("%s,\"mount\":\"%s\",\"users\":[", json, mount);
+                printf("%s,\"mount\":", json);
+                kc_put_json(stdout, mount);
+                printf(",\"users\":[");
                 if (users)
                         kidx_reader_users(rd, kc_user_row, &u);
                 printf("]}\n");
@@ -201,8 +209,9 @@ static int kc_stats(int argc, char **argv)
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
                         const char *suffix = !strcmp(type, "counter") ? "_total" : "";
-                        printf("# TYPE kcachefs_%s%s %s\nkcachefs_%s%s{mount=\"%s\"} %" PRIu64 "\n", name, suffix, type,
-                               name, suffix, mount, kc_num(mount, name));
+                        printf("# TYPE kcachefs_%s%s %s\nkcachefs_%s%s{mount=", name, suffix, type, name, suffix);
+                        kc_put_prom(stdout, mount);
+                        printf("} %" PRIu64 "\n", kc_num(mount, name));
                 }
                 if (users) {
                         printf("# TYPE kcachefs_user_used_bytes gauge\n");
@@ -216,11 +225,13 @@ static int kc_stats(int argc, char **argv)
                 kc_human(kc_num(mount, "free_bytes"), c, sizeof(c));
                 kc_human(kc_num(mount, "bytes_read"), d, sizeof(d));
                 kc_human(kc_num(mount, "evicted_bytes"), e, sizeof(e));
-                printf("mount       %s\nlimit       %s\nused        %s (%.1f%%)\nfree        %s\n"
+                printf("mount       ");
+                kc_put_shell(stdout, mount);
+                printf("\nlimit       %s\nused        %s (%.1f%%)\nfree        %s\n"
                        "files       %" PRIu64 "\nhits        %" PRIu64 " opens, %s served by the daemon\n"
                        "evictions   %" PRIu64 " files, %s; %" PRIu64 " in the background, %" PRIu64
                        " writes waited for one\nrebuilds    %" PRIu64 "\n",
-                       mount, a, b, max ? 100.0 * (double)used / (double)max : 0.0, c, kc_num(mount, "files"),
+                       a, b, max ? 100.0 * (double)used / (double)max : 0.0, c, kc_num(mount, "files"),
                        kc_num(mount, "opens"), d, kc_num(mount, "evicted_files"), e,
                        kc_num(mount, "background_evictions"), kc_num(mount, "blocked_writes"),
                        kc_num(mount, "rebuilds"));
@@ -233,7 +244,9 @@ static int kc_stats(int argc, char **argv)
                         printf("requests    %s, %" PRIu64 " through the rings\n", pt, kc_num(mount, "ring_requests"));
                 kc_human(kc_num(mount, "index_bytes"), a, sizeof(a));
                 kc_human(kc_num(mount, "wal_bytes"), b, sizeof(b));
-                printf("index       %s on disk (%s of it write-ahead log), %s\n", a, b, index);
+                printf("index       %s on disk (%s of it write-ahead log), ", a, b);
+                kc_put_shell(stdout, index);
+                putchar('\n');
                 printf("descriptors %" PRIu64 " held for inodes, %" PRIu64 " reopened since mount\n",
                        kc_num(mount, "inode_fds"), kc_num(mount, "fd_reopens"));
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
@@ -252,7 +265,9 @@ static int kc_stats(int argc, char **argv)
                         printf("per user\n");
                         kidx_reader_users(rd, kc_user_row, &u);
                 } else {
-                        printf("per user    (needs read access to the index %s)\n", index);
+                        printf("per user    (needs read access to the index ");
+                        kc_put_shell(stdout, index);
+                        printf(")\n");
                 }
         }
         kidx_reader_close(rd);
@@ -262,20 +277,34 @@ static int kc_stats(int argc, char **argv)
 /* ---- ls ---- */
 
 struct kc_ls {
-        bool tty;
+        bool json;
+        uint64_t rows; /* printed so far */
 };
 
+/* One file: a row of columns (the name last, quoted: quote.h), or an object of the JSON array. */
 static int kc_ls_row(void *ud, const struct kidx_entry *e)
 {
-        (void)ud;
+        struct kc_ls *ls = ud;
+        if (ls->json) {
+                printf("%s\n  {\"path\":", ls->rows++ ? "," : "");
+                kc_put_json(stdout, e->path);
+                printf(",\"bytes\":%" PRIu64 ",\"atime_ns\":%lld,\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64
+                       ",\"pinned\":%s,\"uid\":%u,\"ino\":%" PRIu64 "}",
+                       e->bytes, (long long)e->atime_ns, e->opens, e->bytes_read, e->pinned ? "true" : "false",
+                       e->uid, e->ino);
+                return 0;
+        }
         char when[64], h[32];
         time_t t = (time_t)(e->atime_ns / 1000000000LL);
         struct tm tm;
         localtime_r(&t, &tm);
         strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", &tm);
         kc_human(e->bytes, h, sizeof(h));
-        printf("%10s  %s.%09lld  %6" PRIu64 "  %s  %s\n", h, when, (long long)(e->atime_ns % 1000000000LL), e->opens,
-               e->pinned ? "pin" : "   ", e->path);
+        printf("%10s  %s.%09lld  %6" PRIu64 "  %s  ", h, when, (long long)(e->atime_ns % 1000000000LL), e->opens,
+               e->pinned ? "pin" : "   ");
+        kc_put_shell(stdout, e->path);
+        putchar('\n');
+        ls->rows++;
         return 0;
 }
 
@@ -300,6 +329,7 @@ static int kc_find_root(const char *path, char *root, size_t size)
 static int kc_ls(int argc, char **argv)
 {
         bool mru = false;
+        struct kc_ls ls = { 0 };
         uint64_t n = 0;
         const char *args[2] = { NULL, NULL };
         int nargs = 0;
@@ -308,6 +338,8 @@ static int kc_ls(int argc, char **argv)
                         mru = false;
                 else if (!strcmp(argv[i], "--mru"))
                         mru = true;
+                else if (!strcmp(argv[i], "--json"))
+                        ls.json = true;
                 else if (!strcmp(argv[i], "-n") && i + 1 < argc)
                         n = strtoull(argv[++i], NULL, 10);
                 else if (argv[i][0] == '-' || nargs == 2)
@@ -342,10 +374,15 @@ static int kc_ls(int argc, char **argv)
         int r = kidx_reader_open(index, &rd);
         if (r < 0)
                 return kc_fail("cannot read the index %s: %s (kcache ls needs read access to it)", index, strerror(-r));
-        printf("%10s  %-29s  %6s  %s  %s\n", "SIZE", "LAST ACCESS", "OPENS", "   ", mru ? "PATH (most recent first)"
-                                                                                   : "PATH (next to be evicted first)");
-        r = kidx_reader_list(rd, mru, n, prefix, kc_ls_row, NULL);
+        if (ls.json)
+                putchar('[');
+        else
+                printf("%10s  %-29s  %6s  %s  %s\n", "SIZE", "LAST ACCESS", "OPENS", "   ",
+                       mru ? "PATH (most recent first)" : "PATH (next to be evicted first)");
+        r = kidx_reader_list(rd, mru, n, prefix, kc_ls_row, &ls);
         kidx_reader_close(rd);
+        if (ls.json)
+                printf("%s]\n", ls.rows ? "\n" : "");
         return r < 0 ? kc_fail("listing failed: %s", strerror(-r)) : 0;
 }
 
@@ -489,71 +526,200 @@ static int kc_pin(int argc, char **argv, bool pin)
 
 /* ---- verify ---- */
 
-struct kc_file {
-        char *path;
+/* A name of a regular file, as the index or the tree has it. The two are compared by (directory inode,
+ * name), never by path: a path is bounded (PATH_MAX), a tree is not, and a name deeper than PATH_MAX must
+ * verify as any other. A path is spelled only for a difference, to report it. */
+struct kc_name {
+        uint64_t dir; /* the directory's backing inode */
+        char *name;
         uint64_t ino, bytes;
 };
 
-struct kc_set {
-        struct kc_file *v;
+struct kc_names {
+        struct kc_name *v;
         size_t n, cap;
 };
 
-static void kc_add(struct kc_set *s, const char *path, uint64_t ino, uint64_t bytes)
+/* A directory the walk went through: enough to spell the path of a name in it. */
+struct kc_dir {
+        uint64_t ino, parent;
+        char *name;
+};
+
+struct kc_scan {
+        struct ktree t;       /* the backing tree: every open goes through tree.h */
+        uint64_t root;        /* the backing root's inode */
+        struct kc_names files;
+        struct kc_dir *dirs;  /* sorted by ino once the walk is done */
+        size_t ndirs, dcap;
+        bool tty;
+};
+
+static void *kc_grow(void *v, size_t *cap, size_t n, size_t elem)
 {
-        if (s->n == s->cap) {
-                s->cap = s->cap ? s->cap * 2 : 1024;
-                s->v = realloc(s->v, s->cap * sizeof(*s->v));
-                if (!s->v) {
-                        kc_fail("out of memory");
-                        exit(1);
-                }
+        if (n < *cap)
+                return v;
+        *cap = *cap ? *cap * 2 : 1024;
+        v = realloc(v, *cap * elem);
+        if (!v) {
+                kc_fail("out of memory");
+                exit(1);
         }
-        s->v[s->n++] = (struct kc_file){ strdup(path), ino, bytes };
+        return v;
 }
 
-static void kc_index_file(void *ud, const char *path, uint64_t ino, uint64_t bytes)
+static char *kc_strdup(const char *s)
 {
-        kc_add(ud, path, ino, bytes);
+        char *d = strdup(s);
+        if (!d) {
+                kc_fail("out of memory");
+                exit(1);
+        }
+        return d;
 }
 
-static void kc_walk(int dfd, const char *rel, struct kc_set *s, bool top, bool tty)
+static void kc_add(void *ud, uint64_t dir, const char *name, uint64_t ino, uint64_t bytes)
 {
-        DIR *d = fdopendir(dfd);
-        if (!d)
-                return;
+        struct kc_names *s = ud;
+        s->v = kc_grow(s->v, &s->cap, s->n, sizeof(*s->v));
+        s->v[s->n++] = (struct kc_name){ dir, kc_strdup(name), ino, bytes };
+}
+
+/* Walks directory D (inode DIR) and below. Each level holds one descriptor, reached from its parent's
+ * through ktree_opendir (no symlink followed, no other filesystem entered); nothing is resolved by path.
+ * Names that vanish meanwhile are skipped, as the daemon's rebuild skips them. */
+static void kc_walk(struct kc_scan *w, DIR *d, uint64_t dir)
+{
         struct dirent *de;
         while ((de = readdir(d))) {
-                if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") || (top && !strcmp(de->d_name, ".kcachefs")))
+                const char *name = de->d_name;
+                if (!ktree_name_ok(name) || (dir == w->root && !strcmp(name, ".kcachefs")))
                         continue;
-                char path[PATH_MAX];
-                snprintf(path, sizeof(path), "%s%s%s", rel, *rel ? "/" : "", de->d_name);
                 struct stat st;
-                if (fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-                        continue;
+                if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) < 0 || st.st_dev != w->t.dev)
+                        continue; /* gone, or another filesystem mounted there: not the cache's (kidx-rebuild.c) */
                 if (S_ISREG(st.st_mode)) {
-                        kc_add(s, path, st.st_ino, (uint64_t)st.st_blocks * 512);
-                        if (tty && s->n % 10000 == 0)
-                                fprintf(stderr, "\rkcache: scanning: %zu files", s->n);
+                        kc_add(&w->files, dir, name, st.st_ino, (uint64_t)st.st_blocks * 512);
+                        if (w->tty && w->files.n % 10000 == 0)
+                                fprintf(stderr, "\rkcache: scanning: %zu files", w->files.n);
                 } else if (S_ISDIR(st.st_mode)) {
-                        int c = openat(dirfd(d), de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                        if (c >= 0)
-                                kc_walk(c, path, s, false, tty);
+                        DIR *c = ktree_opendir(&w->t, dirfd(d), name);
+                        struct stat cst;
+                        if (!c)
+                                continue;
+                        if (fstat(dirfd(c), &cst) == 0) { /* the directory opened, whatever the name held before */
+                                w->dirs = kc_grow(w->dirs, &w->dcap, w->ndirs, sizeof(*w->dirs));
+                                w->dirs[w->ndirs++] = (struct kc_dir){ cst.st_ino, dir, kc_strdup(name) };
+                                kc_walk(w, c, cst.st_ino);
+                        }
+                        closedir(c);
                 }
         }
-        closedir(d);
 }
 
-static int kc_cmp(const void *a, const void *b)
+static int kc_cmp_name(const void *a, const void *b)
 {
-        return strcmp(((const struct kc_file *)a)->path, ((const struct kc_file *)b)->path);
+        const struct kc_name *x = a, *y = b;
+        return x->dir != y->dir ? (x->dir < y->dir ? -1 : 1) : strcmp(x->name, y->name);
 }
 
-static void kc_free_set(struct kc_set *s)
+static int kc_cmp_dir(const void *a, const void *b)
+{
+        const struct kc_dir *x = a, *y = b;
+        return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* The path of NAME in directory DIR as the walk saw it, malloc'ed, any length; NULL if out of memory. */
+static char *kc_tree_path(const struct kc_scan *w, uint64_t dir, const char *name)
+{
+        size_t len = strlen(name), depth = 0;
+        for (uint64_t d = dir; d != w->root && depth <= w->ndirs; depth++) {
+                struct kc_dir key = { .ino = d }, *e = bsearch(&key, w->dirs, w->ndirs, sizeof(*w->dirs), kc_cmp_dir);
+                if (!e)
+                        break;
+                len += strlen(e->name) + 1;
+                d = e->parent;
+        }
+        char *p = malloc(len + 1);
+        if (!p)
+                return NULL;
+        size_t at = len - strlen(name);
+        memcpy(p + at, name, strlen(name) + 1);
+        for (uint64_t d = dir; d != w->root && at > 0;) {
+                struct kc_dir key = { .ino = d }, *e = bsearch(&key, w->dirs, w->ndirs, sizeof(*w->dirs), kc_cmp_dir);
+                if (!e)
+                        break;
+                size_t l = strlen(e->name);
+                p[--at] = '/';
+                at -= l;
+                memcpy(p + at, e->name, l);
+                d = e->parent;
+        }
+        return p;
+}
+
+static void kc_free_names(struct kc_names *s)
 {
         for (size_t i = 0; i < s->n; i++)
-                free(s->v[i].path);
+                free(s->v[i].name);
         free(s->v);
+}
+
+/* Reports one difference: LABEL, the name's path quoted (quote.h), and the rest. */
+static void kc_report(const char *label, char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void kc_report(const char *label, char *path, const char *fmt, ...)
+{
+        fputs(label, stdout);
+        kc_put_shell(stdout, path ? path : "?");
+        va_list ap;
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        putchar('\n');
+        free(path);
+}
+
+/* The string value of "KEY" in the daemon's stats object, JSON escapes decoded; NULL if absent. Written
+ * for any escaping the daemon may use: \uXXXX (UTF-8, or the byte of \udc80-\udcff) and the one-letter ones. */
+static char *kc_json_field(const char *json, const char *key)
+{
+        char pat[64];
+        snprintf(pat, sizeof(pat), "\"%s\":\"", key);
+        const char *p = strstr(json, pat);
+        if (!p)
+                return NULL;
+        p += strlen(pat);
+        char *out = malloc(strlen(p) * 4 + 1), *o = out; /* \uXXXX (6 bytes) decodes to at most 4 */
+        if (!out)
+                return NULL;
+        for (; *p && *p != '"'; p++) {
+                if (*p != '\\') {
+                        *o++ = *p;
+                        continue;
+                }
+                char c = *++p;
+                const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t", *at = c ? strchr(from, c) : NULL;
+                unsigned v;
+                if (at) {
+                        *o++ = to[at - from];
+                } else if (c == 'u' && sscanf(p + 1, "%4x", &v) == 1 && strspn(p + 1, "0123456789abcdefABCDEF") >= 4) {
+                        p += 4;
+                        if (v >= 0xdc80 && v <= 0xdcff)
+                                *o++ = (char)(v & 0xff);
+                        else if (v < 0x80)
+                                *o++ = (char)v;
+                        else if (v < 0x800)
+                                *o++ = (char)(0xc0 | v >> 6), *o++ = (char)(0x80 | (v & 0x3f));
+                        else
+                                *o++ = (char)(0xe0 | v >> 12), *o++ = (char)(0x80 | ((v >> 6) & 0x3f)),
+                                *o++ = (char)(0x80 | (v & 0x3f));
+                } else {
+                        free(out);
+                        return NULL;
+                }
+        }
+        *o = '\0';
+        return out;
 }
 
 /* Returns the number of differences, or -errno. */
@@ -562,56 +728,74 @@ static long kc_compare(const char *mount, bool quiet)
         char json[4096], index[PATH_MAX];
         if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
                 return -errno;
-        char *b = strstr(json, "\"backing\":\""), backing[PATH_MAX];
-        if (!b)
+        char *backing = kc_json_field(json, "backing");
+        if (!backing)
                 return -EPROTO;
-        b += strlen("\"backing\":\"");
-        snprintf(backing, sizeof(backing), "%.*s", (int)strcspn(b, "\""), b);
         (void)kc_set(mount, "flush", "1");
-        kidx_reader *rd;
-        int r = kidx_reader_open(index, &rd);
-        if (r < 0)
+        struct kc_scan w = { .t.root = -1, .tty = isatty(STDERR_FILENO) };
+        struct kc_names idx = { 0 };
+        kidx_reader *rd = NULL;
+        int r = ktree_init(&w.t, backing);
+        free(backing);
+        struct stat root;
+        if (r == 0 && (r = fstat(w.t.root, &root) < 0 ? -errno : 0) == 0)
+                w.root = root.st_ino;
+        if (r == 0 && (r = kidx_reader_open(index, &rd)) == 0)
+                r = kidx_reader_names(rd, kc_add, &idx);
+        DIR *d = r == 0 ? ktree_opendir(&w.t, KTREE_ROOT, "") : NULL;
+        if (r == 0 && !d)
+                r = -errno;
+        if (r < 0) {
+                kidx_reader_close(rd);
+                kc_free_names(&idx);
+                ktree_close(&w.t);
                 return r;
-        struct kc_set idx = { 0 }, tree = { 0 };
-        r = kidx_reader_files(rd, kc_index_file, &idx);
-        kidx_reader_close(rd);
-        int fd = open(backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (r < 0 || fd < 0) {
-                kc_free_set(&idx);
-                return r < 0 ? r : -errno;
         }
-        bool tty = isatty(STDERR_FILENO);
-        kc_walk(fd, "", &tree, true, tty);
-        if (tty)
-                fprintf(stderr, "\rkcache: scanned %zu files\n", tree.n);
+        kc_walk(&w, d, w.root);
+        closedir(d);
+        if (w.tty)
+                fprintf(stderr, "\rkcache: scanned %zu files\n", w.files.n);
         if (idx.n) /* an empty set has no array: qsort's pointer must not be NULL */
-                qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp);
-        if (tree.n)
-                qsort(tree.v, tree.n, sizeof(*tree.v), kc_cmp);
+                qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp_name);
+        if (w.files.n)
+                qsort(w.files.v, w.files.n, sizeof(*w.files.v), kc_cmp_name);
+        if (w.ndirs)
+                qsort(w.dirs, w.ndirs, sizeof(*w.dirs), kc_cmp_dir);
         long diff = 0;
         size_t i = 0, j = 0;
-        while (i < idx.n || j < tree.n) {
-                int c = i == idx.n ? 1 : j == tree.n ? -1 : strcmp(idx.v[i].path, tree.v[j].path);
+        struct kc_name *tv = w.files.v;
+        while (i < idx.n || j < w.files.n) {
+                int c = i == idx.n ? 1 : j == w.files.n ? -1 : kc_cmp_name(&idx.v[i], &tv[j]);
                 if (c < 0) {
+                        char *p = NULL;
+                        if (!quiet && kidx_reader_path(rd, idx.v[i].dir, idx.v[i].name, &p) < 0)
+                                p = strdup(idx.v[i].name);
                         if (!quiet)
-                                printf("only in the index:  %s\n", idx.v[i].path);
+                                kc_report("only in the index:  ", p, "%s", "");
                         diff++, i++;
                 } else if (c > 0) {
                         if (!quiet)
-                                printf("not in the index:   %s (%" PRIu64 " bytes)\n", tree.v[j].path, tree.v[j].bytes);
+                                kc_report("not in the index:   ", kc_tree_path(&w, tv[j].dir, tv[j].name),
+                                          " (%" PRIu64 " bytes)", tv[j].bytes);
                         diff++, j++;
                 } else {
-                        if (idx.v[i].bytes != tree.v[j].bytes || idx.v[i].ino != tree.v[j].ino) {
+                        if (idx.v[i].bytes != tv[j].bytes || idx.v[i].ino != tv[j].ino) {
                                 if (!quiet)
-                                        printf("differs:            %s (index %" PRIu64 " bytes, tree %" PRIu64 ")\n",
-                                               tree.v[j].path, idx.v[i].bytes, tree.v[j].bytes);
+                                        kc_report("differs:            ", kc_tree_path(&w, tv[j].dir, tv[j].name),
+                                                  " (index %" PRIu64 " bytes, tree %" PRIu64 ")", idx.v[i].bytes,
+                                                  tv[j].bytes);
                                 diff++;
                         }
                         i++, j++;
                 }
         }
-        kc_free_set(&idx);
-        kc_free_set(&tree);
+        kidx_reader_close(rd);
+        kc_free_names(&idx);
+        kc_free_names(&w.files);
+        for (size_t k = 0; k < w.ndirs; k++)
+                free(w.dirs[k].name);
+        free(w.dirs);
+        ktree_close(&w.t);
         return diff;
 }
 
@@ -645,6 +829,12 @@ static int kc_verify(int argc, char **argv)
         }
         if (!(mount = kc_mount_or_default(mount)))
                 return 1;
+        /* The walk holds a descriptor per level of the tree: as deep as the hard limit allows. */
+        struct rlimit rl;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+                rl.rlim_cur = rl.rlim_max;
+                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        }
         /* A change in flight (a write, an eviction by the daemon) between the index's flush and the walk
          * of the tree is a difference that is not one: a comparison that finds any is made again, and
          * the second one is what is reported. */

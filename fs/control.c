@@ -19,12 +19,15 @@
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
  *   on a directory in the root  runtime=NAME (also its owner; read back too): that runtime's rules apply in
  *                      it (evict/marks.c; kcache env sets it)
- * These names never reach the backing filesystem; every other name is passed through (ops-xattr.c). */
+ * These names never reach the backing filesystem from a request; every other name is passed through
+ * (ops-xattr.c). The daemon keeps two there itself: runtime on directories (evict/marks.c), pinned on
+ * files (PINS, below). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -283,6 +286,51 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
         return -ENOTSUP;
 }
 
+/* PINS. A pin is kept twice: in the index (what eviction reads) and on the backing file itself, as the
+ * attribute KIDX_PIN_XATTR, so that a rebuild of a corrupt or lost index restores it (kidx-rebuild.c).
+ * The attribute is written before the index is told, and the index is flushed at once, so the two agree
+ * when the request returns; a crash between them leaves the file pinned, the safe side. Users never see
+ * or set the attribute through the mount: every user.kcachefs.* name is ours (ops-xattr.c), and setting
+ * this one is an action only the mount's owner or root may take. A backing filesystem without user
+ * attributes (tmpfs before 6.6) keeps pins in the index only, and the log says so once. */
+static int pin_backing(struct kfs *fs, struct kfs_inode *in, bool pin)
+{
+        /* One message per process, whatever the mount: a flag of the process, not of the mount's state. */
+        static atomic_bool told;
+        int fd = kfs_inode_fd(fs, in);
+        if (fd < 0)
+                return fd;
+        int r = 0;
+        if (fd == fs->dead_fd) { /* evicted meanwhile: the placeholder is nobody's file */
+                r = -ESTALE;
+        } else {
+                char proc[64];
+                kfs_proc_path(proc, sizeof(proc), fd);
+                if ((pin ? setxattr(proc, KIDX_PIN_XATTR, "1", 1, 0) : removexattr(proc, KIDX_PIN_XATTR)) < 0)
+                        r = -errno;
+        }
+        kfs_inode_fd_put(fs, in, fd);
+        if (r == -ENODATA && !pin)
+                return 0; /* pinned before pins were kept on the file, or never pinned */
+        if (r == -ENOTSUP || r == -EOPNOTSUPP) {
+                if (!atomic_exchange(&told, true))
+                        fprintf(stderr, "kcachefs: warning: %s has no user extended attributes: pins are kept in the "
+                                        "index only, and a rebuild of a lost or corrupt index forgets them\n",
+                                fs->o.backing);
+                return 0;
+        }
+        return r;
+}
+
+static int set_pin(struct kfs *fs, struct kfs_inode *in, bool pin)
+{
+        int r = pin_backing(fs, in, pin);
+        if (r < 0)
+                return r;
+        kidx_set_pinned(fs->idx, in->bino, pin);
+        return kidx_flush(fs->idx);
+}
+
 int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, const char *value,
                 size_t size)
 {
@@ -298,9 +346,7 @@ int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
         if (!strcmp(n, "pinned")) {
                 bool pin;
                 int r = parse_bool(value, size, &pin);
-                if (r == 0)
-                        kidx_set_pinned(fs->idx, in->bino, pin);
-                return r;
+                return r < 0 ? r : set_pin(fs, in, pin);
         }
         if (!strcmp(n, "evict")) {
                 /* A file its last user has just closed counts as open until the kernel's RELEASE, which
@@ -321,6 +367,5 @@ int kfs_ctl_remove(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const c
                 return -ENODATA;
         if (!may_act(req, fs))
                 return -EPERM;
-        kidx_set_pinned(fs->idx, in->bino, false);
-        return 0;
+        return set_pin(fs, in, false);
 }

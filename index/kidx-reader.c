@@ -2,7 +2,9 @@
  *
  * Opens the database read-only in WAL mode, so a reader never blocks the daemon's writer (and the
  * daemon never blocks it). Paths are rebuilt from the dents table with a recursive query, so a listing
- * is one statement however deep the tree. */
+ * is one statement however deep the tree; a comparison with the tree (kidx_reader_names) uses no path at
+ * all, only (directory inode, name), and a path is spelled only for a report (kidx_reader_path), of any
+ * length. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,17 +105,51 @@ int kidx_reader_users(kidx_reader *r, void (*fn)(void *ud, uint32_t uid, uint64_
         return res;
 }
 
-int kidx_reader_files(kidx_reader *r, void (*fn)(void *ud, const char *path, uint64_t ino, uint64_t bytes), void *ud)
+/* The directories reachable from the root (UNION, not UNION ALL: a cycle a corrupt dents table might hold
+ * ends). Inode numbers only: no path is ever built, so no depth is too deep. */
+#define DIRS_CTE                                                                                    \
+        "WITH RECURSIVE dirs(ino) AS (SELECT v FROM meta WHERE k = 'root_ino'"                       \
+        "  UNION SELECT d.ino FROM dents d JOIN dirs ON d.dir = dirs.ino WHERE d.type = 2) "
+
+int kidx_reader_names(kidx_reader *r,
+                      void (*fn)(void *ud, uint64_t dir, const char *name, uint64_t ino, uint64_t bytes), void *ud)
 {
         sqlite3_stmt *st;
-        int rc = sqlite3_prepare_v2(r->db, PATHS_CTE "SELECT p.path, f.ino, f.bytes FROM paths p JOIN files f"
-                                                     " ON f.ino = p.ino", -1, &st, NULL);
+        int rc = sqlite3_prepare_v2(r->db, DIRS_CTE "SELECT d.dir, d.name, f.ino, f.bytes FROM dents d"
+                                                    " JOIN dirs ON d.dir = dirs.ino JOIN files f ON f.ino = d.ino"
+                                                    " WHERE d.type = 1", -1, &st, NULL);
         if (rc != SQLITE_OK)
                 return kidx__errno(rc);
         while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-                fn(ud, (const char *)sqlite3_column_text(st, 0), (uint64_t)sqlite3_column_int64(st, 1),
-                   (uint64_t)sqlite3_column_int64(st, 2));
+                fn(ud, (uint64_t)sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
+                   (uint64_t)sqlite3_column_int64(st, 2), (uint64_t)sqlite3_column_int64(st, 3));
         int res = rc == SQLITE_DONE ? 0 : kidx__errno(rc);
+        sqlite3_finalize(st);
+        return res;
+}
+
+int kidx_reader_path(kidx_reader *r, uint64_t dir, const char *name, char **ret)
+{
+        /* Up from dir to the root, one directory's name at a time; the depth bound ends a cycle. */
+        static const char *const sql =
+                "WITH RECURSIVE root(ino) AS (SELECT v FROM meta WHERE k = 'root_ino'),"
+                " up(ino, path, depth) AS (SELECT ?1, ?2, 0"
+                "  UNION ALL SELECT d.dir, d.name || '/' || up.path, up.depth + 1 FROM dents d JOIN up"
+                "  ON d.ino = up.ino WHERE d.type = 2 AND up.ino != (SELECT ino FROM root) AND up.depth < 1000000)"
+                " SELECT path FROM up WHERE ino = (SELECT ino FROM root) LIMIT 1";
+        sqlite3_stmt *st;
+        int rc = sqlite3_prepare_v2(r->db, sql, -1, &st, NULL);
+        if (rc != SQLITE_OK)
+                return kidx__errno(rc);
+        sqlite3_bind_int64(st, 1, (int64_t)dir);
+        sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+        int res;
+        if ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+                const char *p = (const char *)sqlite3_column_text(st, 0);
+                res = p && (*ret = strdup(p)) ? 0 : -ENOMEM;
+        } else {
+                res = rc == SQLITE_DONE ? -ENOENT : kidx__errno(rc);
+        }
         sqlite3_finalize(st);
         return res;
 }

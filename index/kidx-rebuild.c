@@ -2,27 +2,42 @@
  *
  * Runs at open when the index is new, corrupt, of another schema or root, or the last daemon did not stop
  * cleanly (kidx.c, I1/I2). One transaction:
- *   1. walk the tree with openat()/fstatat() (no path strings), writing every name to dents and every
- *      regular file to a temporary scan table (hard links once);
- *   2. drop rows of files that no longer exist, refresh sizes and owners of the rest from the scan;
- *   3. add files the index did not know, with their mtime as their last access;
+ *   1. walk the tree with tree.h's descriptors and fstatat() (no path strings), writing every name to
+ *      dents and every regular file to a temporary scan table (hard links once), with whether it carries
+ *      the pin attribute KIDX_PIN_XATTR;
+ *   2. drop rows of files that no longer exist, refresh sizes and owners of the rest from the scan, and
+ *      pin those the attribute says are pinned;
+ *   3. add files the index did not know, with their mtime as their last access, pinned if the attribute
+ *      says so;
  *   4. renumber seq by (atime, old seq), so known and new files interleave by time and the LRU order is
  *      one total order again.
  * Known files keep their recency and counters. The walk never follows symlinks and stays on the backing
- * root's filesystem. */
+ * root's filesystem (tree.h, R1-R3).
+ *
+ * PINS. The daemon keeps each pin on the backing file too (fs/control.c), so a pin outlives a corrupt or
+ * deleted index. A file is pinned after the rebuild if the index or its attribute says so: the daemon
+ * writes the attribute first and flushes the index at once, so they disagree only after a crash between
+ * the two, and then pinned is the safe side; and pins an older daemon kept in the index alone survive.
+ * Where the backing filesystem has no user attributes (tmpfs before 6.6), the scan says "unknown" (NULL)
+ * and the index's flag stands. Reading the attribute costs an O_PATH open per file, through /proc/self/fd
+ * (an O_PATH descriptor carries no f*xattr call): a rebuild is rare. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include "kidx-internal.h"
+#include "../common/tree.h"
 
 struct walk {
         kidx *idx;
+        const struct ktree *t;
         sqlite3_stmt *dent, *file;
+        bool xattrs; /* the backing filesystem has user attributes: pins can be read from the files */
         dev_t dev;
         uint64_t nfiles, ndirs;
         bool progress;
@@ -32,6 +47,32 @@ struct walk {
 static enum kidx_type type_of(mode_t m)
 {
         return S_ISREG(m) ? KIDX_REG : S_ISDIR(m) ? KIDX_DIR : S_ISLNK(m) ? KIDX_LNK : KIDX_OTHER;
+}
+
+/* Whether the attribute of the backing object FD says "pinned"; -1 when it cannot tell. */
+static int pinned_xattr(int fd)
+{
+        char proc[64], v[8];
+        snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+        ssize_t n = getxattr(proc, KIDX_PIN_XATTR, v, sizeof(v));
+        if (n >= 0)
+                return n == 1 && v[0] == '1';
+        return errno == ENODATA ? 0 : -1;
+}
+
+/* The pin attribute of regular file NAME (inode INO) in directory DFD: 1, 0, or -1 unknown (no user
+ * attributes here; the name now holds another object). */
+static int pinned_of(struct walk *w, int dfd, const char *name, ino_t ino)
+{
+        if (!w->xattrs)
+                return -1;
+        int fd = ktree_open(w->t, dfd, name, O_PATH, 0);
+        if (fd < 0)
+                return -1;
+        struct stat st;
+        int r = fstat(fd, &st) == 0 && st.st_ino == ino && S_ISREG(st.st_mode) ? pinned_xattr(fd) : -1;
+        close(fd);
+        return r;
 }
 
 static void show_progress(struct walk *w, bool last)
@@ -85,6 +126,11 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
                         sqlite3_bind_int64(w->file, 2, (int64_t)st.st_blocks * 512);
                         sqlite3_bind_int64(w->file, 3, (int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
                         sqlite3_bind_int64(w->file, 4, st.st_uid);
+                        int pinned = pinned_of(w, dirfd(d), name, st.st_ino);
+                        if (pinned < 0)
+                                sqlite3_bind_null(w->file, 5);
+                        else
+                                sqlite3_bind_int64(w->file, 5, pinned);
                         rc = sqlite3_step(w->file);
                         sqlite3_reset(w->file);
                         if ((r = kidx__errno(rc)) < 0)
@@ -94,11 +140,11 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
                 } else if (t == KIDX_DIR) {
                         w->ndirs++;
                         show_progress(w, false);
-                        int cfd = openat(dirfd(d), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        int cfd = ktree_open(w->t, dirfd(d), name, O_RDONLY | O_DIRECTORY, 0);
+                        if (cfd == -ENOENT || cfd == -ELOOP || cfd == -EXDEV || cfd == -ENOTDIR)
+                                continue; /* gone, or swapped for a symlink, a mount point, a file: not ours */
                         if (cfd < 0) {
-                                if (errno == ENOENT)
-                                        continue;
-                                r = -errno;
+                                r = cfd;
                                 break;
                         }
                         r = walk_dir(w, cfd, st.st_ino, depth + 1);
@@ -112,9 +158,10 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
 
 static const char *const RECONCILE =
         "DELETE FROM files WHERE ino NOT IN (SELECT ino FROM temp.scan);"
-        "UPDATE files SET bytes = s.bytes, uid = s.uid FROM temp.scan AS s WHERE s.ino = files.ino;"
+        "UPDATE files SET bytes = s.bytes, uid = s.uid, pinned = max(files.pinned, coalesce(s.pinned, 0))"
+        "  FROM temp.scan AS s WHERE s.ino = files.ino;"
         "INSERT INTO files(ino, bytes, seq, atime_ns, opens, bytes_read, pinned, uid)"
-        "  SELECT ino, bytes, 0, mtime_ns, 0, 0, 0, uid FROM temp.scan"
+        "  SELECT ino, bytes, 0, mtime_ns, 0, 0, coalesce(pinned, 0), uid FROM temp.scan"
         "  WHERE ino NOT IN (SELECT ino FROM files);"
         "DROP INDEX IF EXISTS files_lru;"
         "CREATE TEMP TABLE ord(ino INTEGER PRIMARY KEY, rn INTEGER NOT NULL);"
@@ -134,26 +181,33 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         struct stat root;
         if (fstat(backing_fd, &root) < 0)
                 return -errno;
-        struct walk w = { .idx = idx, .dev = root.st_dev, .progress = progress, .skip_name = skip_name };
+        struct ktree t;
+        int r = ktree_init_fd(&t, backing_fd);
+        if (r < 0)
+                return r;
+        struct walk w = { .idx = idx, .t = &t, .dev = root.st_dev, .progress = progress, .skip_name = skip_name };
+        /* One question to the root for the whole tree: a filesystem without user attributes answers
+         * ENOTSUP (EOPNOTSUPP), one with them ENODATA (or the value). */
+        w.xattrs = pinned_xattr(backing_fd) >= 0;
         sqlite3 *db = idx->db;
 
         pthread_mutex_lock(&idx->db_lock);
-        int r = kidx__exec(db, "BEGIN IMMEDIATE; DELETE FROM dents;"
+        r = kidx__exec(db, "BEGIN IMMEDIATE; DELETE FROM dents;"
                                "CREATE TEMP TABLE scan(ino INTEGER PRIMARY KEY, bytes INTEGER NOT NULL,"
-                               " mtime_ns INTEGER NOT NULL, uid INTEGER NOT NULL);");
+                               " mtime_ns INTEGER NOT NULL, uid INTEGER NOT NULL, pinned INTEGER);");
         if (r < 0)
                 goto out;
         int rc = sqlite3_prepare_v2(db, "INSERT OR REPLACE INTO dents(dir, name, ino, type) VALUES (?1, ?2, ?3, ?4)",
                                     -1, &w.dent, NULL);
         if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO temp.scan(ino, bytes, mtime_ns, uid)"
-                                        " VALUES (?1, ?2, ?3, ?4)", -1, &w.file, NULL);
+                rc = sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO temp.scan(ino, bytes, mtime_ns, uid, pinned)"
+                                        " VALUES (?1, ?2, ?3, ?4, ?5)", -1, &w.file, NULL);
         if ((r = kidx__errno(rc)) < 0)
                 goto rollback;
 
-        int dfd = openat(backing_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int dfd = ktree_open(&t, KTREE_ROOT, ".", O_RDONLY | O_DIRECTORY, 0);
         if (dfd < 0) {
-                r = -errno;
+                r = dfd;
                 goto rollback;
         }
         r = walk_dir(&w, dfd, root.st_ino, 0);

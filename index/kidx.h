@@ -103,6 +103,9 @@ void kidx_set_atime(kidx *idx, uint64_t ino, int64_t atime_ns);
  * file, or one never indexed): only rows count (I3). */
 void kidx_set_bytes(kidx *idx, uint64_t ino, uint64_t new_bytes);
 void kidx_set_pinned(kidx *idx, uint64_t ino, bool pinned);
+/* The attribute a pinned backing file carries (value "1"; the daemon sets and removes it with the pin,
+ * fs/control.c): a rebuild pins every file that has it (kidx-rebuild.c), so a pin outlives its index. */
+#define KIDX_PIN_XATTR "user.kcachefs.pinned"
 /* A new regular file ino (bytes allocated, owned by uid), counted as an access. A row of ino still held
  * (a reused inode number) is replaced, and stops counting. */
 void kidx_add_file(kidx *idx, uint64_t ino, uint64_t bytes, uint32_t uid, int64_t now_ns);
@@ -211,5 +214,10 @@ int kidx_reader_list(kidx_reader *r, bool mru, uint64_t limit, const char *prefi
                      int (*fn)(void *ud, const struct kidx_entry *e), void *ud);
 /* Per-uid totals: fn(uid, files, bytes). */
 int kidx_reader_users(kidx_reader *r, void (*fn)(void *ud, uint32_t uid, uint64_t files, uint64_t bytes), void *ud);
-/* Every regular file's path and indexed bytes, for comparing with the tree. */
-int kidx_reader_files(kidx_reader *r, void (*fn)(void *ud, const char *path, uint64_t ino, uint64_t bytes), void *ud);
+/* Every name of a regular file reachable from the root, as (directory inode, name), with the file's inode
+ * and indexed bytes: for comparing with the tree by identity, at any depth (kcache verify). */
+int kidx_reader_names(kidx_reader *r,
+                      void (*fn)(void *ud, uint64_t dir, const char *name, uint64_t ino, uint64_t bytes), void *ud);
+/* The path of name in directory dir, relative to the root, in *ret (malloc'ed; any length): for a report.
+ * -ENOENT when dir is not reachable from the root. */
+int kidx_reader_path(kidx_reader *r, uint64_t dir, const char *name, char **ret);

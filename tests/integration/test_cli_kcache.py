@@ -1,6 +1,7 @@
 """The kcache command and the user.kcachefs.* attributes it uses, through a real mount."""
 import json
 import os
+import re
 import subprocess
 
 import pytest
@@ -137,6 +138,11 @@ def test_getfattr_and_setfattr(kfs):
     # Ordinary attributes still reach the backing file.
     os.setxattr(m.path("k"), "user.other", b"v")
     assert os.getxattr(os.path.join(m.backing, "k"), "user.other") == b"v"
+    # Of ours, only the pin reaches it, which the daemon keeps there itself (a rebuild restores it); none
+    # once unpinned.
+    assert [n for n in os.listxattr(os.path.join(m.backing, "k")) if n.startswith("user.kcachefs")] == \
+        ["user.kcachefs.pinned"]
+    subprocess.run(["setfattr", "-x", "user.kcachefs.pinned", m.path("k")], check=True)
     assert not any(n.startswith("user.kcachefs") for n in os.listxattr(os.path.join(m.backing, "k")))
 
 
@@ -202,3 +208,183 @@ def test_long_operations_show_progress_on_a_terminal_and_not_on_a_pipe(kfs):
             f.write(b"z")
     piped = subprocess.run([kc, "verify", m.mnt], capture_output=True, text=True)
     assert piped.returncode == 0 and "kcache:" not in piped.stderr + piped.stdout, piped
+
+
+# Names a user's program may make: a newline (which must not forge a row), a terminal escape, quotes, a
+# backslash, a tab, bytes that are not UTF-8, and ordinary non-ASCII.
+ODD_NAMES = [b"new\nline", b"esc\x1b[31mred", b'quo"te', b"it's", b"back\\slash", b"tab\there", b"bad\xff\xfe.bin",
+             b"c1\xc2\x9bx", b"caf\xc3\xa9", b"plain-name_1.bin"]
+
+ROW = re.compile(rb"^ *\S+ \S+  \S+ \S+  +\d+  (pin|   )  (.*)$")
+
+
+def shell_words(words):
+    """The bytes each shell word stands for, as bash reads it."""
+    script = b"printf '%s\\0' " + b" ".join(words)
+    out = subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout
+    return out.split(b"\0")[:-1]
+
+
+def test_odd_names_in_ls_plain_and_json(kfs):
+    m = kfs()
+    for n in ODD_NAMES:
+        with open(os.path.join(os.fsencode(m.mnt), n), "wb") as f:
+            f.write(b"x" * 100)
+    for args in ([], ["--mru"]):
+        out = subprocess.run([kcache_bin(), "ls", m.mnt, *args], capture_output=True, timeout=60).stdout
+        # No raw control character, and one row per file (after the header).
+        assert not [c for c in out if (c < 0x20 and c != 0x0a) or 0x7f <= c <= 0x9f], out
+        assert b"\xc2\x9b" not in out, out  # the C1 control CSI, as UTF-8
+        rows = out.split(b"\n")[1:-1]
+        assert len(rows) == len(ODD_NAMES), out
+        paths = [ROW.match(r).group(2) for r in rows]
+        assert sorted(shell_words(paths)) == sorted(ODD_NAMES), paths  # bash gives every name back
+    assert b"plain-name_1.bin\n" in out and b"caf\xc3\xa9\n" in out  # needs no quoting, none added
+    # JSON: parses, and os.fsencode of each path gives the name's bytes back.
+    out = subprocess.run([kcache_bin(), "ls", "--json", m.mnt], capture_output=True, timeout=60, check=True).stdout
+    assert not [c for c in out if c < 0x20 and c != 0x0a], out
+    out.decode("utf-8")  # strictly UTF-8: a byte that is not is escaped, never written
+    rows = json.loads(out)
+    assert sorted(os.fsencode(r["path"]) for r in rows) == sorted(ODD_NAMES)
+    assert all(r["bytes"] > 0 and r["pinned"] is False for r in rows)
+    assert json.loads(subprocess.run([kcache_bin(), "ls", "--json", m.mnt, "nosuch"], capture_output=True,
+                                     check=True).stdout) == []
+
+
+PROM_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{((?:[a-zA-Z_][a-zA-Z0-9_]*="(?:\\[\\"n]|[^"\\\n])*",?)*)\} '
+                       r'(\d+)$')
+
+
+def prom_unescape(v):
+    return re.sub(r'\\([\\"n])', lambda x: "\n" if x.group(1) == "n" else x.group(1), v)
+
+
+def test_odd_mount_path_in_stats_json_prometheus_and_plain(kfs):
+    m = kfs(start=False)
+    odd = os.path.join(os.path.dirname(m.mnt), 'mnt "q\\b\x1bx\nl')
+    os.makedirs(odd)
+    m.mnt = odd  # the fixture unmounts it
+    m.start()
+    fill(m, ["a", "b"])
+    s = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    assert s["mount"] == odd and s["files"] == 2
+    prom = kcache("stats", "--prometheus", m.mnt).stdout
+    seen = 0
+    for line in prom.splitlines():
+        if line.startswith("#"):
+            continue
+        g = PROM_LINE.match(line)
+        assert g, line
+        labels = dict(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:\\[\\"n]|[^"\\\n])*)"', g.group(2)))
+        assert prom_unescape(labels["mount"]) == odd.replace("\x1b", "\ufffd")  # controls: U+FFFD (kcache(1))
+        seen += 1
+    assert seen > 20
+    human = subprocess.run([kcache_bin(), "stats", m.mnt], capture_output=True, check=True).stdout
+    assert b"\x1b" not in human
+    line = [l for l in human.split(b"\n") if l.startswith(b"mount ")][0]
+    assert shell_words([line.split(None, 1)[1]]) == [os.fsencode(odd)]
+
+
+def deep_dirs(top, levels, name_len=240):
+    """Makes LEVELS nested directories under TOP with dir_fd walks (the path outgrows PATH_MAX, which no
+    path string can reach); returns an fd on the deepest and the path's length."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    length = len(top)
+    for i in range(levels):
+        name = f"{i:03d}" + "d" * (name_len - 3)
+        os.mkdir(name, dir_fd=fd)
+        nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+        length += 1 + len(name)
+    return fd, length
+
+
+def test_verify_a_tree_deeper_than_path_max(kfs):
+    m = kfs()
+    fill(m, ["shallow"])
+    fd, length = deep_dirs(m.mnt, 20)
+    assert length > 4096 + 512
+    try:
+        wfd = os.open("deep-file", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+        os.write(wfd, b"k" * 5000)
+        os.close(wfd)
+    finally:
+        os.close(fd)
+    p = kcache("verify", m.mnt, check=False)
+    assert p.returncode == 0 and "matches" in p.stdout, p.stdout + p.stderr
+    # A file added behind the daemon's back at that depth is found, reported by its whole path, repaired.
+    bfd = os.open(m.backing, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(20):
+            name = [n for n in os.listdir(bfd) if n[:3].isdigit()][0]
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=bfd)
+            os.close(bfd)
+            bfd = nfd
+        wfd = os.open("sneaky", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=bfd)
+        os.write(wfd, b"s" * 3000)
+        os.close(wfd)
+    finally:
+        os.close(bfd)
+    p = kcache("verify", m.mnt, check=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    line = [l for l in p.stdout.splitlines() if l.startswith("not in the index:")]
+    assert len(line) == 1 and line[0].split()[4].endswith("/sneaky") and len(line[0].split()[4]) > 4096, p.stdout
+    assert "repaired" in kcache("verify", "--repair", m.mnt).stdout
+    assert "matches" in kcache("verify", m.mnt).stdout
+
+
+@pytest.mark.parametrize("how", ["delete", "corrupt", "rebuild"])
+def test_pins_survive_a_rebuild_of_the_index(kfs, how):
+    m = kfs({"max_size": "4M"})
+    fill(m, ["keep", "drop", "d/keep2", "was-pinned"])
+    for n in ("keep", "d/keep2", "was-pinned"):
+        kcache("pin", m.path(n))
+    kcache("unpin", m.path("was-pinned"))
+    before = json.loads(kcache("stats", "--json", m.mnt).stdout)["rebuilds"]
+    m.stop()
+    if how == "delete":
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(m.index_path + suffix):
+                os.unlink(m.index_path + suffix)
+    elif how == "corrupt":
+        with open(m.index_path, "r+b") as f:
+            f.write(b"this is not a database" * 200)
+    else:  # the operator's -o rebuild, after the index lost its flags (an older copy, say)
+        import sqlite3
+        db = sqlite3.connect(m.index_path)
+        db.execute("UPDATE files SET pinned = 0")
+        db.commit()
+        db.close()
+        m.opts["rebuild"] = True
+    if how != "rebuild":
+        before = 0  # a new index counts from nothing
+    m.start()
+    assert json.loads(kcache("stats", "--json", m.mnt).stdout)["rebuilds"] > before
+    for n, want in (("keep", b"1"), ("d/keep2", b"1"), ("drop", b"0"), ("was-pinned", b"0")):
+        assert os.getxattr(m.path(n), "user.kcachefs.pinned") == want, n
+    kcache("evict", m.mnt, "--to", "0")
+    assert sorted(os.listdir(m.mnt)) == ["d", "keep"] and os.listdir(m.path("d")) == ["keep2"]
+    assert "pin" in kcache("ls", m.mnt).stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_a_user_cannot_forge_a_pin_through_the_mount(kfs):
+    """The pin's attribute on the backing file is the daemon's: a user who may not pin cannot write it
+    through the mount, on another's file or their own, so no rebuild can find a pin there."""
+    m = kfs({"allow_other": True, "default_permissions": True})
+    os.chmod(m.mnt, 0o1777)
+    u = ensure_user("kcfs-user2")
+    fill(m, ["roots"])
+    os.chmod(m.path("roots"), 0o666)
+    subprocess.run(["runuser", "-u", u.pw_name, "--", "sh", "-c", f"echo x > {m.path('mine')}"], check=True)
+    for n in ("roots", "mine"):
+        p = subprocess.run(["runuser", "-u", u.pw_name, "--", "setfattr", "-n", "user.kcachefs.pinned", "-v", "1",
+                            m.path(n)], capture_output=True, text=True)
+        assert p.returncode != 0 and "not permitted" in p.stderr, (n, p.stderr)
+        assert "user.kcachefs.pinned" not in os.listxattr(os.path.join(m.backing, n))
+    m.stop()
+    os.unlink(m.index_path)
+    m.start()
+    assert os.getxattr(m.path("mine"), "user.kcachefs.pinned") == b"0"
+    assert os.getxattr(m.path("roots"), "user.kcachefs.pinned") == b"0"
