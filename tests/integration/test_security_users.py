@@ -132,6 +132,7 @@ def test_what_others_planted_is_never_followed_and_is_set_aside(shared, tmp_path
     assert os.listdir(outside) == []
     aside = sorted(n for n in os.listdir(users) if ".untrusted-" in n)
     assert sorted(n.split(".")[0] for n in aside) == sorted(str(u.pw_uid) for u in (alice, bob, carol))
+    kcache("verify", m.mnt)  # the index was told of every move and every directory made
 
 
 def test_a_users_container_made_by_a_user_is_refused_then_set_aside(shared):
@@ -151,6 +152,7 @@ def test_a_users_container_made_by_a_user_is_refused_then_set_aside(shared):
     assert mode_owner(m.path("users")) == (0o711, 0)
     assert mode_owner(m.path("users", str(alice.pw_uid))) == (0o700, alice.pw_uid)
     assert [n for n in os.listdir(m.mnt) if n.startswith("users.untrusted-")]
+    kcache("verify", m.mnt)
 
 
 def test_the_pocl_attack_no_longer_reaches_another_user(shared):
