@@ -54,7 +54,8 @@ static void kc_usage(FILE *f)
               "  evict PATH...                           evict these files now (unless open or pinned)\n"
               "  pin PATH... | unpin PATH...             never evict these files / allow it again\n"
               "  verify [--repair] MOUNT                 compare the index with the backing directory\n"
-              "  env MOUNT [RUNTIME...]                  export lines pointing runtimes at the mount\n"
+              "  env MOUNT [RUNTIME...]                  export lines pointing runtimes at the mount (on a\n"
+              "                                          shared mount, at a directory of your own in it)\n"
               "  show FILE...                            decode libkcache entries: key fields, sizes, verdict\n"
               "\n"
               "MOUNT defaults to $KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt. Actions need the rights of the\n"
@@ -877,6 +878,70 @@ static void kc_env_line(const char *line, const char *dir)
         putchar('\n');
 }
 
+/* Whether the kernel lets other users into the mount at real (a resolved path): allow_other among its
+ * superblock options in /proc/self/mountinfo, the topmost mount there winning. The kernel's word, not the
+ * daemon's: it is what lets them in. */
+static bool kc_mount_shared(const char *real)
+{
+        FILE *f = fopen("/proc/self/mountinfo", "re");
+        char *line = NULL;
+        size_t cap = 0;
+        bool shared = false;
+        while (f && getline(&line, &cap, f) > 0) {
+                char point[PATH_MAX], *sep = strstr(line, " - "), *p = line, *o = point;
+                for (int field = 0; field < 4 && p; field++) /* id parent dev root: the mount point is the 5th */
+                        p = strchr(p, ' ') ? strchr(p, ' ') + 1 : NULL;
+                if (!p || !sep)
+                        continue;
+                for (; *p && *p != ' ' && o < point + sizeof(point) - 1; p++) /* \040 and the like: octal */
+                        if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] && p[3]) {
+                                *o++ = (char)((p[1] - '0') * 64 + (p[2] - '0') * 8 + (p[3] - '0'));
+                                p += 3;
+                        } else {
+                                *o++ = *p;
+                        }
+                *o = '\0';
+                if (strcmp(point, real))
+                        continue;
+                /* after " - ": fstype source superoptions */
+                char *opts = strchr(sep + 3, ' ');
+                opts = opts ? strchr(opts + 1, ' ') : NULL;
+                shared = false;
+                for (char *save = NULL, *t = opts ? strtok_r(opts + 1, ",\n", &save) : NULL; t;
+                     t = strtok_r(NULL, ",\n", &save))
+                        shared = shared || !strcmp(t, "allow_other");
+        }
+        free(line);
+        if (f)
+                fclose(f);
+        return shared;
+}
+
+/* Where kcache env puts the runtimes' directories: the mount itself on a personal mount; on one others
+ * use, the caller's own directory, which only the daemon can make and give (fs/users.c): home on the
+ * mount's root answers its path. Checked to be a directory of the caller's, 0700, before anything is put
+ * in it. Prints the error itself. */
+static int kc_env_base(const char *mount, const char *real, char *base, size_t size)
+{
+        snprintf(base, size, "%s", real);
+        if (!kc_mount_shared(real))
+                return 0;
+        char home[256];
+        ssize_t n = kc_get(mount, "home", home, sizeof(home));
+        if (n < 0)
+                return kc_fail("%s is shared with other users, and the daemon gave no directory of your own: %s "
+                               "(runtimes' directories shared by users would let one load another's binaries)",
+                               mount, strerror((int)-n));
+        if (strstr(home, "..") || home[0] == '/' || (size_t)snprintf(base, size, "%s/%s", real, home) >= size)
+                return kc_fail("%s: the daemon answered a strange directory '%s'", mount, home);
+        struct stat st;
+        if (lstat(base, &st) < 0)
+                return kc_fail("%s: %s", base, strerror(errno));
+        if (!S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077))
+                return kc_fail("%s is not a directory of yours that only you can use", base);
+        return 0;
+}
+
 /* The runtimes' descriptors (common/runtimes.c) say what each one needs. */
 static int kc_env(int argc, char **argv)
 {
@@ -905,10 +970,13 @@ static int kc_env(int argc, char **argv)
         for (int k = 0; argc <= 2 && k < KRT__COUNT; k++)
                 if (krt_table[k].env && krt_table[k].env_default)
                         want[n++] = k;
+        char base[PATH_MAX];
+        if (kc_env_base(mount, real, base, sizeof(base)))
+                return 1;
         for (int i = 0; i < n; i++) {
                 const struct krt_desc *d = &krt_table[want[i]];
                 char dir[PATH_MAX + 64];
-                snprintf(dir, sizeof(dir), "%s/%s", real, d->dir);
+                snprintf(dir, sizeof(dir), "%s/%s", base, d->dir);
                 if (mkdir(dir, 0777) < 0 && errno != EEXIST)
                         return kc_fail("cannot create %s: %s", dir, strerror(errno));
                 /* The directory is this runtime's: its rules apply there, whatever the layout looks like

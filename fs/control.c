@@ -17,8 +17,11 @@
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
- *   on a directory in the root  runtime=NAME (also its owner; read back too): that runtime's rules apply in
- *                      it (evict/marks.c; kcache env sets it)
+ *   on a directory in the root, or users/<uid>/NAME  runtime=NAME (also its owner; read back too): that
+ *                      runtime's rules apply in it (evict/marks.c; kcache env sets it)
+ * And on the mount root, for anyone: home, the caller's own directory (users/<uid>, made by the daemon on
+ * first use, owned by the caller, 0700; users.c), which kcache env uses on a shared mount. It is not
+ * listed, so that dumping every attribute (getfattr -d) makes nothing.
  * These names never reach the backing filesystem from a request; every other name is passed through
  * (ops-xattr.c). The daemon keeps two there itself: runtime on directories (evict/marks.c), pinned on
  * files (PINS, below). */
@@ -168,17 +171,19 @@ static int file_value(struct kfs *fs, struct kfs_inode *in, const char *n, char 
         return -ENODATA;
 }
 
-int kfs_ctl_get(struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size)
+int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size)
 {
         const char *n = name + PREFIX_LEN;
         int r;
         char rel[4096];
-        if (in == &fs->root)
+        if (in == &fs->root && !strcmp(n, "home"))
+                r = kfs_users_home(req, fs, buf, size); /* the caller's own directory, made on first use */
+        else if (in == &fs->root)
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))
                 r = file_value(fs, in, n, buf, size);
         else if (S_ISDIR(in->type) && !strcmp(n, "runtime") && kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) == 0 &&
-                 !strchr(rel, '/') && kev_mark_get(fs, rel) != KRT_AUTO)
+                 kev_markable(rel) && kev_mark_get(fs, rel) != KRT_AUTO)
                 r = snprintf(buf, size, "%s", krt_table[kev_mark_get(fs, rel)].name);
         else
                 r = -ENODATA;
@@ -216,7 +221,8 @@ static bool owns(fuse_req_t req, struct kfs *fs, struct kfs_inode *in)
         return kfs_fstat_inode(fs, in, &st) == 0 && st.st_uid == fuse_req_ctx(req)->uid;
 }
 
-/* runtime=NAME on a directory directly in the root: that runtime's rules apply below it (evict/marks.c). */
+/* runtime=NAME on a directory where kcache env puts a runtime's cache (directly in the root, or
+ * users/<uid>/NAME on a shared mount): that runtime's rules apply below it (evict/marks.c). */
 static int mark_dir(struct kfs *fs, struct kfs_inode *in, const char *value, size_t size)
 {
         char v[64], rel[4096];
@@ -225,9 +231,9 @@ static int mark_dir(struct kfs *fs, struct kfs_inode *in, const char *value, siz
         memcpy(v, value, size);
         v[size] = '\0';
         int rt = krt_by_name(v);
-        if (rt < 0 || kidx_flush(fs->idx) < 0 || kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) < 0 || !*rel ||
-            strchr(rel, '/'))
-                return -EINVAL; /* not a runtime, or not a directory directly in the root */
+        if (rt < 0 || kidx_flush(fs->idx) < 0 || kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) < 0 ||
+            !kev_markable(rel))
+                return -EINVAL; /* not a runtime, or not a directory where kcache env puts one */
         int fd = kfs_inode_fd(fs, in);
         if (fd < 0)
                 return fd;

@@ -68,6 +68,8 @@
 #define KFS_JAX_LOCK ".lockfile"                /* JAX (py-filelock): flock, around every get and put */
 
 #define KFS_META_DIR ".kcachefs"
+/* The container of the users' own directories on a shared mount, users/<uid> (users.c). */
+#define KFS_USERS_DIR "users"
 
 enum kfs_protect { KFS_PROTECT_OPEN = 0, KFS_PROTECT_WRITERS = 1 };
 
@@ -218,6 +220,7 @@ struct kfs {
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
         kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
 
+        _Atomic uint64_t users_ino; /* backing inode of users/ once seen sound (users.c, U1); 0: not yet */
         struct kev *ev;           /* eviction's state (evict/state.c) */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         struct {                    /* written files, measured again after writeback (settle.c) */
@@ -344,6 +347,25 @@ void kfs_proc_path(char *buf, size_t size, int fd);
 int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags);
 void kfs_inode_table_free(struct kfs *fs);
 
+/* users.c: each user's directory of their own on a shared mount (users/<uid>) */
+/* The caller's directory, made on first use (U1-U3): its path relative to the mount into buf. Its length,
+ * -EPERM (the daemon cannot give it to the caller, or what holds the name is not the caller's: refused
+ * until the next mount repairs it), -E2BIG, other -errno. */
+int kfs_users_home(fuse_req_t req, struct kfs *fs, char *buf, size_t size);
+/* At mount, once the index is open and before the kernel knows any name: sets aside what claims users/ or
+ * users/<uid> without being the daemon's or that user's (U2). Says on stderr what it did. */
+void kfs_users_check(struct kfs *fs);
+/* A miss for name in dir must not be cached by the kernel: users/ or a name in it (U4). */
+bool kfs_users_uncached(struct kfs *fs, const struct kfs_inode *dir, const char *name);
+/* Whether name is a uid as users/ names it (decimal, no leading zero), into *ret. */
+bool kfs_users_uid(const char *name, uid_t *ret);
+/* rel (relative to the root) is users/<uid>: 1; users/<uid>/<name>: 2 (where kcache env puts a runtime's
+ * directory on a shared mount); else 0. */
+int kfs_users_level(const char *rel);
+/* The object st may be trusted as users/ (U1); as users/<uid> for uid. */
+bool kfs_users_container_ok(const struct stat *st);
+bool kfs_users_home_ok(const struct stat *st, uid_t uid);
+
 /* log.c */
 /* A detached daemon's stderr becomes a pipe to a thread that writes each line to syslog, rate-limited.
  * 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
@@ -439,7 +461,7 @@ int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
 
 /* control.c: the user.kcachefs.* attributes */
 bool kfs_ctl_is_ours(const char *name);
-int kfs_ctl_get(struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size);
+int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size);
 size_t kfs_ctl_list(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size);
 int kfs_ctl_set(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, const char *value,
                 size_t size);

@@ -587,6 +587,7 @@ int main(int argc, char *argv[])
                 fprintf(stderr, "kcachefs: index rebuilt (%s): %llu files, %llu bytes\n", kidx_rebuild_reason_str(why),
                         (unsigned long long)s.files, (unsigned long long)s.used_bytes);
         }
+        kfs_users_check(&fs); /* before the kernel knows a name: what claims users/ wrongly (users.c, U2) */
         struct kidx_stats ks;
         kidx_get_stats(fs.idx, &ks);
         kfs_inode_fds_init(&fs, ks.files);

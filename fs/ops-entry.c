@@ -151,7 +151,9 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
                 kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* the lookup's reference: not replied */
                 r = -ENOENT;
         }
-        if (r == -ENOENT) {
+        if (r == -ENOENT && kfs_users_uncached(fs, dir, name)) {
+                fuse_reply_err(req, ENOENT); /* a miss the kernel never caches (users.c, U4) */
+        } else if (r == -ENOENT) {
                 /* A negative entry: the kernel caches the miss until a create through the mount. */
                 memset(&e, 0, sizeof(e));
                 e.entry_timeout = fs->o.timeout;

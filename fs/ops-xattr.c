@@ -43,7 +43,7 @@ void kfs_op_getxattr(fuse_req_t req, fuse_ino_t ino, const char *name, size_t si
         if (kfs_ctl_is_ours(name)) {
                 char val[4096];
                 int r = kfs_stale(in) ? -ESTALE : S_ISLNK(in->type) ? -ENOTSUP : 0;
-                reply_value(req, size, val, r < 0 ? r : kfs_ctl_get(fs, in, name, val, sizeof(val)));
+                reply_value(req, size, val, r < 0 ? r : kfs_ctl_get(req, fs, in, name, val, sizeof(val)));
                 return;
         }
         char path[64];

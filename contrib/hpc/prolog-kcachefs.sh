@@ -12,7 +12,6 @@ kcachefs=${KCACHEFS_BIN:-kcachefs}
 if mountpoint -q "$mnt"; then exit 0; fi
 mkdir -p "$backing" "$mnt"
 "$kcachefs" -o "$opts" "$backing" "$mnt"
-# Per-runtime directories, writable by every user, sticky like /tmp: users cannot remove each other's files.
-for d in neo sycl pocl cuda triton jax kcache mesa numba ccache inductor cupy torch-extensions xdg; do
-  mkdir -p "$mnt/$d" && chmod 1777 "$mnt/$d"
-done
+# No runtime directory shared by users: one user's binary there would be loaded by another's process (PoCL
+# dlopens what it finds). Each user's `kcache env` (or the module) gets a directory of their own from the
+# daemon, MOUNT/users/<uid> (0700), and makes the runtimes' directories in it.

@@ -185,14 +185,18 @@ void kev_reap_stop(struct kfs *fs);
 /* The most bytes of evicted files whose blocks the backing filesystem may still hold. */
 uint64_t kev_reap_bound(const struct kfs *fs);
 
-/* Marks the directory name, directly in the mount's root and open at dirfd (-1: the mark is not written
- * to the backing directory), as runtime rt's (KRT_AUTO: unmarked). 0 or -errno (marks.c). */
+/* Whether rel (relative to the root) is where kcache env puts a runtime's directory: a directory directly
+ * in the root (not users/), or users/<uid>/<name> on a shared mount (../users.c). */
+bool kev_markable(const char *rel);
+/* Marks the directory name (kev_markable) open at dirfd (-1: the mark is not written to the backing
+ * directory), as runtime rt's (KRT_AUTO: unmarked). 0 or -errno; -EINVAL where no mark goes (marks.c). */
 int kev_mark(struct kfs *fs, const char *name, int dirfd, enum krt rt);
-/* A directory in the root was renamed (to NULL: removed, or moved below): its mark goes along. */
+/* A directory in the root was renamed (to NULL: removed, or moved below): its mark goes along (users/:
+ * the marks below it go). */
 void kev_mark_moved(struct kfs *fs, const char *from, const char *to);
-/* The mark of the directory name, directly in the root, or KRT_AUTO. */
+/* The mark of the directory name (kev_markable), or KRT_AUTO. */
 enum krt kev_mark_get(struct kfs *fs, const char *name);
-/* At mount: the marks kept on the root's directories. */
+/* At mount: the marks kept on the root's directories, and on those of users/<uid>/ (marks.c). */
 void kev_marks_load(struct kfs *fs);
 
 /* A regular file appeared under name in the directory open at dfd (created, made, renamed into place):

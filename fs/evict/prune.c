@@ -38,11 +38,12 @@
 
 /* Whether eviction keeps the directory rel (relative to the backing root) even when it is empty: the root
  * of a runtime's cache, where a runtime expects it to stay. Those are the directories directly in the
- * mount's root (where kcache env and operators put each runtime's cache), the layout= directories, and
+ * mount's root (where kcache env and operators put each runtime's cache), users/<uid> and the runtimes'
+ * directories in it (kcache env on a shared mount, ../users.c), the layout= directories, and
  * the roots runtimes make inside the directory they are given (common/runtimes.c, roots). */
 static bool dir_kept(const struct kfs *fs, const char *rel)
 {
-        if (!strchr(rel, '/') || krt_is_root_dir(rel))
+        if (!strchr(rel, '/') || kfs_users_level(rel) > 0 || krt_is_root_dir(rel))
                 return true;
         for (size_t i = 0; i < fs->o.nlayouts; i++)
                 if (!strcmp(fs->o.layouts[i].dir, rel))
