@@ -319,13 +319,14 @@ import os, sys
 x, ndirs, nfiles = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 for k in range(ndirs):  # the directories first, then the files: their inode numbers in one run
     os.makedirs(os.path.join(x, f"d{k}"))
-for k in range(ndirs):
-    for j in range(nfiles):
+for j in range(nfiles):  # across the directories: one batch of victims touches all of them
+    for k in range(ndirs):
         with open(os.path.join(x, f"d{k}", f"f{j}"), "wb") as f:
             f.write(os.urandom(4096))
 """
 
-# B swaps the directory x for a symlink to A's tree and back, as fast as he can, until told to stop.
+# B swaps the directory x for a symlink to A's tree and back, as fast as he can, until told to stop; x
+# is a directory again when he stops.
 TOGGLE = """
 import os, random, select, sys
 x, aside, target, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -378,40 +379,51 @@ def backing_inos(backing, rel):
             for dp, _, fns in os.walk(top) for n in fns]
 
 
+def attack_seconds(default):
+    return float(os.environ.get("KCACHEFS_ATTACK_SECONDS") or default)
+
+
+def attack_seed():
+    seed = int(os.environ.get("KCACHEFS_ATTACK_SEED") or random.randrange(1 << 30))
+    print(f"seed {seed} (KCACHEFS_ATTACK_SEED={seed} repeats it)")
+    return seed
+
+
 def test_eviction_never_removes_a_file_on_another_filesystem(shared, canary_fs, users):
-    """Attack 2. B's files kcache/bob/x/dK/fJ have the inode numbers of A's files alice/dK/fJ on another
-    filesystem (made so on purpose). While they are evicted, B swaps x for a symlink to A's tree and back.
-    Eviction must only ever remove the file it chose, in the backing: none of A's files goes."""
+    """Attack 2. B's files kcache/bob/x/rN/dK/fJ have the inode numbers of A's files alice/rN/dK/fJ on
+    another filesystem (made so on purpose). While they are evicted, a little at a time, B swaps x for a
+    symlink to A's tree and back. Eviction must only ever remove the file it chose, in the backing: none
+    of A's files goes. Rounds of 512 files each, for 20 s (or KCACHEFS_ATTACK_SECONDS), or until the
+    first of A's files is touched."""
     a, b = users
     m = shared()
-    ndirs, nfiles = 64, 24
+    ndirs, nfiles = 64, 8
     x = m.path("kcache", "bob", "x")
-    as_user(b, B_TREE, x, ndirs, nfiles)
     alice = os.path.join(canary_fs, "alice")
-    for k in range(ndirs):
-        canary_dir(os.path.join(alice, f"d{k}"), a)
-    files = backing_inos(m.backing, "kcache/bob/x")
-    made = twin_files(alice, a, files)
-    assert made >= len(files) * 9 // 10, f"only {made} of {len(files)} of A's files got the inode number of B's"
-    before = snapshot(canary_fs)
-
-    seed = int(os.environ.get("KCACHEFS_ATTACK_SEED") or random.randrange(1 << 30))
-    print(f"seed {seed}")
-    toggler = spawn_as(b, TOGGLE, x, m.path("kcache", "bob", "x.real"), alice, seed)
-    try:
-        # Eviction a little at a time, as writes past the limit make it, until B's files are gone.
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            used = m.used()
-            if used <= 64 * K:
-                break
-            kcache("evict", m.mnt, "--to", str(used - 64 * K))
-            if snapshot(canary_fs) != before:
-                break
-    finally:
-        toggles = finish(toggler)
-    print(f"B swapped x {toggles.strip()} times")
-    assert_canary_intact(canary_fs, before)
+    rnd = random.Random(attack_seed())
+    deadline = time.monotonic() + attack_seconds(20)
+    rounds = toggles = 0
+    while rounds == 0 or time.monotonic() < deadline:
+        sub = f"r{rounds}"
+        base = m.used()
+        as_user(b, B_TREE, os.path.join(x, sub), ndirs, nfiles)
+        for k in range(ndirs):
+            canary_dir(os.path.join(alice, sub, f"d{k}"), a)
+        files = backing_inos(m.backing, f"kcache/bob/x/{sub}")
+        made = twin_files(os.path.join(alice, sub), a, files)
+        assert made >= len(files) * 9 // 10, f"only {made} of {len(files)} of A's files got the inode number of B's"
+        before = snapshot(canary_fs)
+        toggler = spawn_as(b, TOGGLE, x, m.path("kcache", "bob", "x.real"), alice, rnd.randrange(1 << 30))
+        try:
+            # Eviction a little at a time, as writes past the limit make it, until B's files are gone.
+            end = time.monotonic() + 60
+            while time.monotonic() < end and m.used() > base + 16 * K:
+                kcache("evict", m.mnt, "--to", str(max(m.used() - 256 * K, base)))
+        finally:
+            toggles += int(finish(toggler))
+        rounds += 1
+        assert_canary_intact(canary_fs, before)
+    print(f"{rounds} rounds; B swapped x {toggles} times")
     assert_index_exact(m)
 
 
@@ -476,3 +488,231 @@ def test_names_deeper_than_path_max_are_evicted_like_any(shared, users):
     # Deep files that stay: verify must compare them whole, not by truncated paths.
     assert int(as_user(b, DEEP, m.path("kcache", "bob"), levels, 3, 4096, "small")) == 3
     assert_index_exact(m)
+
+
+# ---------------------------------------------------------------- the property: any swap, anything running
+# B's worker, one process as B: for a phase, random steps with a seed. Generic files are named by their own
+# inode number (kcache/bob/w/dK/<ino>, K = ino % NDIRS): A's canary holds a file of that name and that
+# number for every number in a range, so that any of B's files, wherever a swap makes the daemon look,
+# has a twin there. Swappable: kcache/bob/w (files), kcache/bob/p (directories eviction empties, pruned),
+# sycl/bob and neo/bob (their size files, repaired under locks B holds at times), each for a symlink to
+# A's tree, which has the same names below it. Swaps stay in place across phases (rebuild, verify and a
+# remount see them); locks are let go at the end of each phase; the last phase puts every directory back.
+NDIRS = 16
+WORKER = r"""
+import errno, fcntl, os, random, select, struct, sys, time
+mnt, alice, seed, seconds, restore = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), sys.argv[5] == "1"
+NDIRS = %d
+rnd = random.Random(seed)
+P = lambda *a: os.path.join(mnt, *a)
+SWAPS = [P("kcache", "bob", "w"), P("kcache", "bob", "p"), P("sycl", "bob"), P("neo", "bob")]
+count = {}
+held_sycl = []   # cache_size.txt.lock files B holds
+held_neo = []    # config.file descriptors B holds a flock on
+children = []
+
+def swapped(d):
+    return os.path.islink(d)
+
+def swap(d):
+    if swapped(d):
+        os.unlink(d)
+        os.rename(d + ".real", d)
+    else:
+        os.rename(d, d + ".real")
+        os.symlink(alice, d)
+
+def write_generic():
+    w = P("kcache", "bob", "w")
+    tmp = os.path.join(w, "new-%%d" %% rnd.randrange(1 << 30))
+    with open(tmp, "wb") as f:
+        f.write(os.urandom(rnd.choice((4096, 8192, 16384))))
+        ino = os.fstat(f.fileno()).st_ino
+    d = os.path.join(w, "d%%d" %% (ino %% NDIRS))
+    os.makedirs(d, exist_ok=True)
+    os.rename(tmp, os.path.join(d, str(ino)))
+
+def write_prunable():
+    e = P("kcache", "bob", "p", "x", "e%%d" %% rnd.randrange(10))
+    os.makedirs(e, exist_ok=True)
+    with open(os.path.join(e, "f%%d" %% rnd.randrange(4)), "wb") as f:
+        f.write(os.urandom(4096))
+
+def name_prunable():
+    os.stat(P("kcache", "bob", "p", "x", "e%%d" %% rnd.randrange(10)))
+
+def sycl_store():
+    cache = P("sycl", "bob", "cache")
+    k = rnd.randrange(40)
+    d = os.path.join(cache, "dev0", "img%%d" %% k, "spec0", "opt0")
+    os.makedirs(d, exist_ok=True)
+    for suffix, data in ((".bin", os.urandom(8192)), (".src", b"key%%d" %% k), ("_access_time.txt", b"%%d" %% time.time_ns())):
+        with open(os.path.join(d, "0" + suffix), "wb") as f:
+            f.write(data)
+    lock = os.path.join(cache, "cache_size.txt.lock")
+    if lock in held_sycl:
+        return
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o200))
+    except FileExistsError:
+        return
+    with open(os.path.join(cache, "cache_size.txt"), "w") as f:
+        f.write("%%d" %% rnd.randrange(1 << 20))
+    if rnd.random() < 0.5:
+        held_sycl.append(lock)  # kept: the daemon's repair must wait (and is kept for a later batch)
+    else:
+        os.unlink(lock)
+
+def neo_store():
+    cache = P("neo", "bob", "cache")
+    os.makedirs(cache, exist_ok=True)
+    cfg = os.path.join(cache, "config.file")
+    try:
+        fd = os.open(cfg, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o664)
+    except FileExistsError:
+        fd = os.open(cfg, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return
+    tmp = os.path.join(cache, "cl_cache.%%06d" %% rnd.randrange(10 ** 6))
+    with open(tmp, "wb") as f:
+        f.write(os.urandom(8192))
+    os.rename(tmp, os.path.join(cache, "%%016x.cl_cache" %% rnd.randrange(1 << 64)))
+    os.pwrite(fd, struct.pack("=Q", rnd.randrange(1 << 20)), 0)
+    if rnd.random() < 0.5:
+        held_neo.append(fd)  # the flock stays: the repair waits, on the repairer thread too
+    else:
+        os.close(fd)
+
+def release_one():
+    if held_sycl and rnd.random() < 0.5:
+        lock = held_sycl.pop(rnd.randrange(len(held_sycl)))
+        os.unlink(lock)
+    elif held_neo:
+        os.close(held_neo.pop(rnd.randrange(len(held_neo))))
+
+def stale_lock():
+    # A lock file whose maker exited: -o stale_locks removes it when someone looks it up.
+    d = P("kcache", "bob", "w", "d%%d" %% rnd.randrange(NDIRS))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(os.open(os.path.join(d, "lock"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+def look_up_lock():
+    os.stat(P("kcache", "bob", "w", "d%%d" %% rnd.randrange(NDIRS), "lock"))
+
+def read_some():
+    d = P("kcache", "bob", "w", "d%%d" %% rnd.randrange(NDIRS))
+    names = os.listdir(d)
+    if names:
+        with open(os.path.join(d, rnd.choice(names)), "rb") as f:
+            f.read()
+
+STEPS = [(write_generic, 30), (write_prunable, 8), (name_prunable, 4), (sycl_store, 8), (neo_store, 8),
+         (release_one, 6), (stale_lock, 2), (look_up_lock, 3), (read_some, 8), (None, 12)]
+names = [s for s, _ in STEPS]
+weights = [w for _, w in STEPS]
+end = time.monotonic() + seconds
+while time.monotonic() < end and not select.select([sys.stdin], [], [], 0.0002)[0]:
+    step = rnd.choices(names, weights)[0]
+    try:
+        if step is None:
+            swap(rnd.choice(SWAPS))
+            step = swap
+        else:
+            step()
+    except OSError:
+        pass  # ENOSPC, a name swapped away or evicted meanwhile, EACCES in A's tree: B goes on
+    count[step.__name__] = count.get(step.__name__, 0) + 1
+for lock in held_sycl:
+    os.unlink(lock)
+for fd in held_neo:
+    os.close(fd)
+if restore:
+    for d in SWAPS:
+        if swapped(d):
+            swap(d)
+print(" ".join("%%s=%%d" %% kv for kv in sorted(count.items())))
+""" % NDIRS
+
+
+def canary_tree(root, a, nfiles):
+    """A's private tree below root, with every name a swap can make the daemon look for: dK/<ino> files
+    of their own inode numbers (nfiles of them, numbers in sequence), SYCL's and NEO's size files,
+    directories x/eI that are empty, as B's emptied ones are."""
+    canary_dir(root, a)
+    for k in range(NDIRS):
+        canary_dir(os.path.join(root, f"d{k}"), a)
+    tmp = os.path.join(root, ".t")
+    for _ in range(nfiles):
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+        ino = os.fstat(fd).st_ino
+        os.fchown(fd, a.pw_uid, a.pw_gid)
+        os.close(fd)
+        os.rename(tmp, os.path.join(root, f"d{ino % NDIRS}", str(ino)))
+    canary_dir(os.path.join(root, "cache"), a)
+    canary_file(os.path.join(root, "cache", "cache_size.txt"), a, b"123456")
+    canary_file(os.path.join(root, "cache", "config.file"), a, struct.pack("=Q", 0x5EC12E7))
+    canary_file(os.path.join(root, "cache", "0123456789abcdef.cl_cache"), a, os.urandom(8192))
+    for i in range(10):
+        canary_dir(os.path.join(root, "x", f"e{i}"), a)
+    canary_file(os.path.join(root, "x", "notes"), a, b"A's notes\n")
+
+
+@pytest.mark.timeout(900)
+def test_symlink_swaps_never_reach_outside(shared, canary_fs, users):
+    """The property behind attacks 1-3: whatever directories of his B swaps for symlinks to A's tree (on
+    another filesystem, with inode numbers made to collide), and whenever, while eviction (a 4 MiB
+    cache, filled all the time), repairs (SYCL and NEO, under locks B holds at times), pruning, the stale
+    lock reaper, kcache verify and the index's rebuild (kcache verify --repair; a remount with -o
+    rebuild) run, nothing of A's changes, and the index stays exact. About 60 s (KCACHEFS_ATTACK_SECONDS),
+    in phases; the seed is printed (KCACHEFS_ATTACK_SEED repeats a run)."""
+    a, b = users
+    m = shared(max_size="4M", stale_locks=True, timeout="0.2")
+    alice = os.path.join(canary_fs, "alice")
+    canary_tree(alice, a, 1500 * int(attack_seconds(60)) + 20000)  # more numbers than the backing gives out
+    before = snapshot(canary_fs)
+    as_user(b, "import os, sys\nfor d in sys.argv[1:]: os.makedirs(d)",
+            m.path("kcache", "bob", "w"), m.path("kcache", "bob", "p"), m.path("sycl", "bob", "cache"),
+            m.path("neo", "bob", "cache"))
+    seed = attack_seed()
+    rnd = random.Random(seed)
+    total = attack_seconds(60)
+    phases = max(2, round(total / 12))
+    for phase in range(phases):
+        last = phase == phases - 1
+        worker = spawn_as(b, WORKER, m.mnt, alice, rnd.randrange(1 << 30), total / phases, "1" if last else "0")
+        # While B works: root verifies (a walk of the backing tree) and, in odd phases, repairs the index.
+        kcache("verify", m.mnt, check=False)
+        try:
+            worker.wait(timeout=total / phases + 120)  # it ends by itself when its phase is over
+        finally:
+            out = finish(worker)
+        assert worker.returncode == 0, "B's worker failed"
+        print(f"phase {phase}: {out.strip()}")
+        assert_canary_intact(canary_fs, before)
+        if last:
+            break
+        if phase % 2:
+            kcache("verify", "--repair", m.mnt, check=False)
+        else:  # with B's symlinks in place: the rebuild must not follow them either
+            m.stop()
+            m.opts["rebuild"] = True
+            m.start()
+            del m.opts["rebuild"]
+        assert_canary_intact(canary_fs, before)
+    # The repairs and prunes still pending run at the next batches; then nothing of A's may have changed.
+    evict_all(m)
+    evict_all(m)
+    assert_canary_intact(canary_fs, before)
+    top = max(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_ino
+              for _, _, fns, dfd in os.fwalk(m.backing) for n in fns)
+    print(f"the backing's inode numbers reached {top}; A's twins cover up to {max(e[4] for e in before.values())}")
+    assert_index_exact(m)
+    assert_canary_intact(canary_fs, before)
