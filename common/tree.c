@@ -15,8 +15,21 @@
 
 #define RESOLVE_SAFE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
 
+#define OPEN_FLAGS (O_ACCMODE | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_APPEND | O_NONBLOCK | O_DSYNC | \
+                    FASYNC | O_DIRECT | O_LARGEFILE | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_SYNC | \
+                    __O_TMPFILE)
+
+#define OPEN_FLAGS (O_ACCMODE | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_APPEND | O_NONBLOCK | O_DSYNC | \
+                    FASYNC | O_DIRECT | O_LARGEFILE | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_SYNC | \
+                    __O_TMPFILE)
+
 /* 1 once openat2 was seen to work, -1 once the kernel said ENOSYS; a benign race. */
 static int have_openat2;
+
+void ktree__force_walk(bool on)
+{
+        have_openat2 = on ? -1 : 0;
+}
 
 bool ktree_name_ok(const char *name)
 {
@@ -120,11 +133,15 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
         dfd = base_of(t, dfd);
         if (!rel || !*rel)
                 rel = ".";
+        /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
+        flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
+        /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
+        flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
         flags |= O_NOFOLLOW | O_CLOEXEC;
         if (have_openat2 >= 0) {
                 struct open_how how = { .flags = (uint64_t)flags, .resolve = RESOLVE_SAFE };
                 if (flags & (O_CREAT | __O_TMPFILE))
-                        how.mode = mode;
+                        how.mode = mode & 07777; /* openat2 refuses the type bits a request carries */
                 long fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
                 if (fd >= 0) {
                         have_openat2 = 1;
@@ -175,7 +192,7 @@ int ktree_walk(const struct ktree *t, size_t n, const char *const *names, const 
                 int last = i + 1 == n;
                 int fd = openat(cur >= 0 ? cur : t->root, names[i],
                                 (last ? flags : O_PATH) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                int r = fd < 0 ? (errno == ELOOP ? -ESTALE : -errno) : 0;
+                int r = fd < 0 ? (errno == ELOOP || errno == ENOTDIR ? -ESTALE : -errno) : 0; /* not that directory */
                 struct stat st;
                 if (r == 0 && fstat(fd, &st) < 0)
                         r = -errno;

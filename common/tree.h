@@ -84,3 +84,5 @@ int ktree_mknod(const struct ktree *t, int dfd, const char *name, mode_t mode, d
 int ktree_link(const struct ktree *t, int fd, int nfd, const char *nname);
 /* True when NAME is one component: not empty, no '/', not "." or "..". */
 bool ktree_name_ok(const char *name);
+/* Tests only: resolve by the per-component walk, as on a kernel without openat2 (on), or as usual. */
+void ktree__force_walk(bool on);

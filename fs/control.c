@@ -260,7 +260,7 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 return kidx_flush(fs->idx);
         }
         if (!strcmp(n, "reconcile"))
-                return kidx_reconcile(fs->idx, fs->root_fd, KFS_META_DIR);
+                return kidx_reconcile(fs->idx, fs->tree.root, KFS_META_DIR);
         if (!strcmp(n, "evict")) {
                 uint64_t x;
                 int64_t r;

@@ -189,18 +189,20 @@ static int reopen_by_index(struct kfs *fs, struct kfs_inode *in)
         (void)kidx_names(fs->idx, in->bino, collect_name, &ns);
         int fd = -ESTALE;
         for (size_t i = 0; i < ns.n; i++) {
-                char path[PATH_MAX];
+                struct kidx_chain ch;
                 struct stat st;
-                if (fd >= 0 || kidx_dir_path(fs->idx, ns.dir[i], path, sizeof(path)) < 0)
+                if (fd >= 0 || kidx_dir_chain(fs->idx, ns.dir[i], &ch) < 0)
                         continue;
-                size_t len = strlen(path);
-                if (snprintf(path + len, sizeof(path) - len, "%s%s", len ? "/" : "", ns.name[i]) >=
-                    (int)(sizeof(path) - len))
-                        continue;
-                /* A name that is gone or holds another file is no way back to it: -ESTALE, never -1 (a
-                 * failed openat's), which the caller would have replied as EPERM. */
-                int f = openat(fs->root_fd, path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-                if (f >= 0 && (fstat(f, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type)) {
+                /* Its directory through the index's names, each checked (tree.h, R4), at any depth. A name
+                 * that is gone or holds another file is no way back to it: -ESTALE, never -1 (a failed
+                 * openat's), which the caller would have replied as EPERM. */
+                int dfd = ktree_walk(&fs->tree, ch.n, (const char *const *)ch.names, ch.inos, O_PATH);
+                kidx_chain_free(&ch);
+                int f = dfd < 0 ? dfd : ktree_open(&fs->tree, dfd, ns.name[i], O_PATH, 0);
+                if (dfd >= 0)
+                        close(dfd);
+                if (f >= 0 && (fstat(f, &st) < 0 || st.st_ino != in->bino || st.st_dev != fs->tree.dev ||
+                               (st.st_mode & S_IFMT) != in->type)) {
                         close(f);
                         f = -1;
                 }
@@ -234,11 +236,12 @@ static int reopen_by_name(struct kfs *fs, struct kfs_inode *in)
                 return reopen_by_index(fs, in);
         int dfd = kfs_inode_fd(fs, up), fd = -ESTALE;
         if (dfd >= 0) {
-                fd = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                fd = ktree_open(&fs->tree, dfd, name, O_PATH, 0);
                 struct stat st;
                 if (fd < 0) {
-                        fd = errno == ENOENT ? -ESTALE : -errno;
-                } else if (fstat(fd, &st) < 0 || st.st_ino != in->bino || (st.st_mode & S_IFMT) != in->type) {
+                        fd = fd == -ENOENT ? -ESTALE : fd;
+                } else if (fstat(fd, &st) < 0 || st.st_ino != in->bino || st.st_dev != fs->tree.dev ||
+                           (st.st_mode & S_IFMT) != in->type) {
                         close(fd); /* the name holds another file now */
                         fd = -ESTALE;
                 }
@@ -268,7 +271,7 @@ int kfs_inode_fd(struct kfs *fs, struct kfs_inode *in)
         }
         pthread_mutex_unlock(&fs->fdc.lock);
         /* Closed while idle (only a reopenable inode is): reopen it, outside the lock. */
-        int fd = in->fh ? open_by_handle_at(fs->root_fd, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
+        int fd = in->fh ? open_by_handle_at(fs->tree.root, in->fh, O_PATH | O_NOFOLLOW | O_CLOEXEC) : reopen_by_name(fs, in);
         if (fd < 0 && in->fh)
                 fd = errno == ENOENT ? -ESTALE : -errno;
         if (fd < 0)
@@ -356,7 +359,7 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                 snprintf(fs->fdc.why, sizeof(fs->fdc.why), "the backing filesystem gives no file handles (%s)",
                          strerror(errno));
         } else {
-                int fd = open_by_handle_at(fs->root_fd, h, O_PATH | O_CLOEXEC);
+                int fd = open_by_handle_at(fs->tree.root, h, O_PATH | O_CLOEXEC);
                 if (fd >= 0) {
                         close(fd);
                         fs->fdc.handles = true;
@@ -572,10 +575,10 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         bool by_name = fd < 0;
         struct stat check;
         if (by_name) {
-                fd = openat(dirfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                fd = ktree_open(&fs->tree, dirfd, name, O_PATH, 0);
                 if (fd < 0)
-                        return -errno;
-                if (fstatat(fd, "", &check, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 || check.st_ino != st->st_ino) {
+                        return fd;
+                if (fstatat(fd, "", &check, AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW) < 0 || !ktree_same(&check, st)) {
                         close(fd);
                         return -ESTALE; /* the name was replaced between stat and open: the caller retries */
                 }

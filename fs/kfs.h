@@ -55,6 +55,7 @@
 
 #include "../common/kmap.h"
 #include "../common/runtimes.h"
+#include "../common/tree.h"
 #include "../index/kidx.h"
 #include "evict/evict.h"
 
@@ -163,9 +164,9 @@ struct kfs_pt {
 
 struct kfs {
         struct kfs_opts o;
-        int root_fd;              /* O_RDONLY|O_DIRECTORY on the backing root */
+        struct ktree tree;        /* the backing root (O_RDONLY|O_DIRECTORY) and its st_dev: every operation on
+                                     the backing tree goes through common/tree.h */
         int dead_fd;              /* an anonymous memfd that evicted inodes' fds are pointed at */
-        dev_t dev;                /* backing root's st_dev */
         uid_t owner;              /* who mounted: may run kcache actions */
         struct kfs_inode root;
         struct fuse_session *se;

@@ -493,14 +493,16 @@ static int init_root(struct kfs *fs)
 {
         raise_fd_limit();
         struct stat st;
-        fs->root_fd = open(fs->o.backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        fs->root.fd = open(fs->o.backing, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        int r = ktree_init(&fs->tree, fs->o.backing);
+        if (r < 0)
+                return fail("cannot open the backing directory '%s': %s", fs->o.backing, strerror(-r));
+        fs->root.fd = ktree_open(&fs->tree, KTREE_ROOT, ".", O_PATH | O_DIRECTORY, 0);
         fs->dead_fd = memfd_create("kcachefs-evicted", MFD_CLOEXEC);
         if (fs->dead_fd < 0)
                 return fail("cannot create a memfd: %s", strerror(errno));
-        if (fs->root_fd < 0 || fs->root.fd < 0 || fstat(fs->root_fd, &st) < 0)
-                return fail("cannot open the backing directory '%s': %s", fs->o.backing, strerror(errno));
-        fs->dev = st.st_dev;
+        if (fs->root.fd < 0 || fstat(fs->tree.root, &st) < 0)
+                return fail("cannot open the backing directory '%s': %s", fs->o.backing,
+                            strerror(fs->root.fd < 0 ? -fs->root.fd : errno));
         fs->root.bino = st.st_ino;
         fs->root.type = S_IFDIR;
         fs->root.nlookup = 1;
@@ -524,7 +526,7 @@ int main(int argc, char *argv[])
 {
         struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
         struct fuse_cmdline_opts cmd = { 0 };
-        struct kfs fs = { .root_fd = -1, .root.fd = -1, .dead_fd = -1 };
+        struct kfs fs = { .tree.root = -1, .root.fd = -1, .dead_fd = -1 };
         int lock_fd = -1, ready_fd = -1, ret = 1;
         bool served = false;
         struct kfs_log *log = NULL;
@@ -569,7 +571,7 @@ int main(int argc, char *argv[])
         enum kidx_rebuild_reason why;
         struct kidx_open_opts io = {
                 .db_path = fs.o.index_path,
-                .backing_fd = fs.root_fd,
+                .backing_fd = fs.tree.root,
                 .skip_name = KFS_META_DIR,
                 .progress = isatty(STDERR_FILENO),
                 .force_rebuild = fs.o.rebuild,
@@ -588,7 +590,7 @@ int main(int argc, char *argv[])
         struct kidx_stats ks;
         kidx_get_stats(fs.idx, &ks);
         kfs_inode_fds_init(&fs, ks.files);
-        presize_fd_table(fs.root_fd, ks.files < fs.fdc.cap ? ks.files : fs.fdc.cap);
+        presize_fd_table(fs.tree.root, ks.files < fs.fdc.cap ? ks.files : fs.fdc.cap);
         fs.owner = getuid();
         /* New objects get the caller's mode under the caller's umask (kfs_req_mode), never ours on top.
          * Everything the daemon makes for itself was made above, or is made by SQLite with 0644. */
@@ -666,8 +668,8 @@ out_idx:
 out_fs:
         kev_free(&fs);
         kfs_inode_table_free(&fs);
-        if (fs.root_fd >= 0)
-                close(fs.root_fd);
+        if (fs.tree.root >= 0)
+                close(fs.tree.root);
         if (fs.root.fd >= 0)
                 close(fs.root.fd);
         if (fs.dead_fd >= 0)

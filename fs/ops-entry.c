@@ -56,7 +56,7 @@ int kfs_do_lookup(struct kfs *fs, struct kfs_inode *dir, const char *name, struc
                         r = -errno;
                         break;
                 }
-                if (e->attr.st_dev != fs->dev) {
+                if (e->attr.st_dev != fs->tree.dev) {
                         r = -EXDEV; /* a mount inside the backing directory is not part of the cache */
                         break;
                 }
@@ -115,17 +115,15 @@ static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char 
         if (dfd < 0)
                 return false;
         bool gone = false;
-        int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = ktree_open(&fs->tree, dfd, name, O_RDONLY, 0);
         struct stat st;
         /* still that file, and no flock on it (through the mount or beside it): ours is dropped at close */
         if (fd >= 0 && fstat(fd, &st) == 0 && st.st_ino == in->bino && flock(fd, LOCK_EX | LOCK_NB) == 0) {
-                int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC); /* not fd: it has our flock */
+                int hold = ktree_open(&fs->tree, dfd, name, O_PATH, 0); /* not fd: it has our flock */
                 if (hold >= 0)
                         kfs_inode_unnamed(fs, &st, dir, name, hold); /* (inode.c, DESCRIPTORS) */
                 kfs_names_lock(fs, dir->bino, dir->bino);
-                struct stat cur;
-                gone = fstatat(dfd, name, &cur, AT_SYMLINK_NOFOLLOW) == 0 && cur.st_ino == st.st_ino &&
-                       unlinkat(dfd, name, 0) == 0;
+                gone = ktree_unlink(&fs->tree, dfd, name, &st, 0) == 0;
                 kfs_names_unlock(fs, dir->bino, dir->bino);
                 if (hold >= 0)
                         close(hold);
@@ -357,15 +355,14 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         }
         mode_t perm = kfs_req_mode(req, mode) & 07777;
         if (link)
-                r = symlinkat(link, dfd, name);
+                r = ktree_symlink(&fs->tree, link, dfd, name);
         else if (S_ISDIR(mode))
-                r = mkdirat(dfd, name, perm);
+                r = ktree_mkdir(&fs->tree, dfd, name, perm);
         else
-                r = mknodat(dfd, name, (mode & S_IFMT) | perm, rdev);
+                r = ktree_mknod(&fs->tree, dfd, name, (mode & S_IFMT) | perm, rdev);
         if (r < 0) {
-                r = errno;
                 kfs_inode_fd_put(fs, dir, dfd);
-                fuse_reply_err(req, r);
+                fuse_reply_err(req, -r);
                 return;
         }
         r = kfs_set_owner(fs, req, dir, name, -1);
@@ -373,7 +370,7 @@ static void make_node(fuse_req_t req, fuse_ino_t parent, const char *name, mode_
         if (r == 0 && fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
                 r = -errno;
         if (r < 0) {
-                unlinkat(dfd, name, S_ISDIR(mode) && !link ? AT_REMOVEDIR : 0);
+                (void)ktree_unlink(&fs->tree, dfd, name, NULL, S_ISDIR(mode) && !link ? AT_REMOVEDIR : 0);
                 kfs_inode_fd_put(fs, dir, dfd);
                 fuse_reply_err(req, -r);
                 return;
@@ -411,7 +408,6 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
 {
         struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino), *dir = kfs_inode_get(fs, newparent);
-        char proc[64];
         if (kfs_hidden(fs, dir, newname) || kfs_stale(in) || kfs_stale(dir)) {
                 fuse_reply_err(req, kfs_stale(in) || kfs_stale(dir) ? ESTALE : EPERM);
                 return;
@@ -421,11 +417,8 @@ void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const cha
         int r = dfd < 0 ? dfd : 0;
         if (r == 0 && fd == fs->dead_fd)
                 r = -ESTALE; /* evicted since the check: linking the placeholder gave EXDEV */
-        if (r == 0) {
-                kfs_proc_path(proc, sizeof(proc), fd);
-                if (linkat(AT_FDCWD, proc, dfd, newname, AT_SYMLINK_FOLLOW) < 0)
-                        r = -errno;
-        }
+        if (r == 0)
+                r = ktree_link(&fs->tree, fd, dfd, newname);
         kfs_inode_fd_put(fs, dir, dfd);
         kfs_inode_fd_put(fs, in, fd);
         if (r < 0) {
@@ -485,12 +478,13 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
                 return;
         }
         /* Hold the inode until the index is told, so that its number cannot go to a new file meanwhile. */
-        int hold = openat(dfd, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-        bool held = hold >= 0 && fstat(hold, &st) == 0;
-        if (held)
+        int hold = ktree_open(&fs->tree, dfd, name, O_PATH, 0);
+        int e = hold < 0 ? -hold : fstat(hold, &st) < 0 ? errno : 0;
+        if (!e)
                 kfs_inode_unnamed(fs, &st, dir, name, hold); /* (inode.c, DESCRIPTORS) */
-        if (!held || unlinkat(dfd, name, 0) < 0) {
-                int e = errno;
+        if (!e)
+                e = -ktree_unlink(&fs->tree, dfd, name, NULL, 0);
+        if (e) {
                 if (hold >= 0)
                         close(hold);
                 kfs_inode_fd_put(fs, dir, dfd);
@@ -515,8 +509,8 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
         }
         int dfd = kfs_inode_fd(fs, dir);
         /* Held until its inode is marked: its number must not go to a new object before. */
-        int hold = dfd < 0 ? -1 : openat(dfd, name, O_PATH | O_NOFOLLOW | O_DIRECTORY | O_CLOEXEC);
-        int r = dfd < 0 ? dfd : unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? -errno : 0;
+        int hold = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, name, O_PATH | O_DIRECTORY, 0);
+        int r = dfd < 0 ? dfd : ktree_unlink(&fs->tree, dfd, name, NULL, AT_REMOVEDIR);
         kfs_inode_fd_put(fs, dir, dfd);
         struct stat st;
         if (r == 0 && hold >= 0 && fstat(hold, &st) == 0) { /* its struct is a removed object's (inode.c) */
@@ -567,13 +561,13 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 return;
         }
         /* A replaced target is held until the index is told (see kfs_op_unlink). */
-        int hold = exchange ? -1 : openat(nfd, newname, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+        int hold = exchange ? -1 : ktree_open(&fs->tree, nfd, newname, O_PATH, 0);
         bool replaced = hold >= 0 && fstat(hold, &dst) == 0;
         bool swapped = exchange && fstatat(nfd, newname, &dst, AT_SYMLINK_NOFOLLOW) == 0;
         if (replaced)
                 kfs_inode_unnamed(fs, &dst, nd, newname, hold); /* (inode.c, DESCRIPTORS) */
         kfs_names_lock(fs, od->bino, nd->bino); /* (kfs.h, name_locks) */
-        int moved = (int)syscall(SYS_renameat2, ofd, name, nfd, newname, flags), e = errno;
+        int moved = ktree_rename(&fs->tree, ofd, name, nfd, newname, flags), e = -moved;
         kfs_names_unlock(fs, od->bino, nd->bino);
         if (moved == 0 && !replaced && !exchange && S_ISREG(src.st_mode)) /* stored by temp and rename */
                 kev_miss_made(fs, nfd, newname); /* (evict/misses.c) */
@@ -773,7 +767,7 @@ void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino)
         (void)ino;
         struct kfs *fs = kfs_of(req);
         struct statvfs sv;
-        if (fstatvfs(fs->root_fd, &sv) < 0) {
+        if (fstatvfs(fs->tree.root, &sv) < 0) {
                 fuse_reply_err(req, errno);
                 return;
         }

@@ -169,15 +169,14 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 fuse_reply_err(req, -dfd);
                 return;
         }
-        int fd = openat(dfd, name, flags | O_CREAT | O_EXCL, kfs_req_mode(req, mode));
-        if (fd < 0 && errno == EEXIST && !(fi->flags & O_EXCL)) {
+        int fd = ktree_open(&fs->tree, dfd, name, flags | O_CREAT | O_EXCL, kfs_req_mode(req, mode));
+        if (fd == -EEXIST && !(fi->flags & O_EXCL)) {
                 created = false; /* it appeared since the kernel's lookup: open it as it is */
-                fd = openat(dfd, name, flags & ~O_CREAT);
+                fd = ktree_open(&fs->tree, dfd, name, flags & ~(O_CREAT | O_EXCL), 0);
         }
         if (fd < 0) {
-                int e = errno;
                 kfs_inode_fd_put(fs, dir, dfd);
-                fuse_reply_err(req, e);
+                fuse_reply_err(req, -fd);
                 return;
         }
         struct stat st;
@@ -230,9 +229,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         return;
 fail:
         if (made) { /* undo the create, if the name still is ours (see kfs_entry_of_fd) */
-                struct stat now;
-                if (fstatat(dfd, name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == made) {
-                        unlinkat(dfd, name, 0);
+                if (ktree_unlink_ino(&fs->tree, dfd, name, made, 0) == 0) {
                         if (indexed) {
                                 kidx_del_dent(fs->idx, dir->bino, name);
                                 kidx_del_file(fs->idx, made);

@@ -501,6 +501,88 @@ int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const
         return r;
 }
 
+void kidx_chain_free(struct kidx_chain *c)
+{
+        for (size_t i = 0; i < c->n; i++)
+                free(c->names[i]);
+        free(c->names);
+        free(c->inos);
+        memset(c, 0, sizeof(*c));
+}
+
+char *kidx_chain_path(const struct kidx_chain *c, size_t n)
+{
+        size_t len = 1;
+        for (size_t i = 0; i < n; i++)
+                len += strlen(c->names[i]) + 1;
+        char *p = malloc(len), *w = p;
+        if (!p)
+                return NULL;
+        *w = '\0';
+        for (size_t i = 0; i < n; i++)
+                w += sprintf(w, "%s%s", i ? "/" : "", c->names[i]);
+        return p;
+}
+
+int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
+{
+        struct kidx_chain c = { 0 };
+        size_t cap = 0;
+        int r = 0;
+        pthread_mutex_lock(&idx->db_lock);
+        sqlite3_stmt *st = idx->st[ST_PARENT];
+        for (uint64_t cur = dir;;) {
+                if (c.n > 65536) {
+                        r = -ELOOP;
+                        break;
+                }
+                sqlite3_bind_int64(st, 1, (int64_t)cur);
+                int rc = sqlite3_step(st);
+                if (rc != SQLITE_ROW) {
+                        sqlite3_reset(st);
+                        r = rc != SQLITE_DONE ? kidx__errno(rc) : cur == idx->root_ino ? 0 : -ENOENT;
+                        break;
+                }
+                if (c.n == cap) {
+                        cap = cap ? cap * 2 : 8;
+                        char **nn = realloc(c.names, cap * sizeof(*nn));
+                        if (nn)
+                                c.names = nn;
+                        uint64_t *ni = realloc(c.inos, cap * sizeof(*ni));
+                        if (ni)
+                                c.inos = ni;
+                        if (!nn || !ni) {
+                                sqlite3_reset(st);
+                                r = -ENOMEM;
+                                break;
+                        }
+                }
+                c.inos[c.n] = cur;
+                c.names[c.n] = strdup((const char *)sqlite3_column_text(st, 1));
+                cur = (uint64_t)sqlite3_column_int64(st, 0);
+                sqlite3_reset(st);
+                if (!c.names[c.n++]) {
+                        r = -ENOMEM;
+                        break;
+                }
+        }
+        pthread_mutex_unlock(&idx->db_lock);
+        if (r < 0) {
+                kidx_chain_free(&c);
+                return r;
+        }
+        for (size_t i = 0; i < c.n / 2; i++) { /* collected upwards: root first */
+                char *n = c.names[i];
+                c.names[i] = c.names[c.n - 1 - i];
+                c.names[c.n - 1 - i] = n;
+                uint64_t v = c.inos[i];
+                c.inos[i] = c.inos[c.n - 1 - i];
+                c.inos[c.n - 1 - i] = v;
+        }
+        *ret = c;
+        return 0;
+}
+
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size)
 {
         /* Walk up through the parents, then reverse the components in place. */

@@ -160,6 +160,18 @@ void kidx_candidates_free(struct kidx_candidates *c);
 int kidx_names(kidx *idx, uint64_t ino, void (*fn)(void *ud, uint64_t dir, const char *name), void *ud);
 /* The path of directory dir relative to the backing root ("" for the root), or -ENOENT. */
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size);
+/* The names from the backing root down to directory dir, each with its directory's inode number: what
+ * ktree_walk (common/tree.h) needs to reach dir checking every component, at any depth. n is 0 for the
+ * root. Free with kidx_chain_free. -ENOENT: dir unknown to the index; -ELOOP; -ENOMEM. */
+struct kidx_chain {
+        size_t n;
+        char **names;   /* names[0] is in the root */
+        uint64_t *inos; /* inos[i]: the directory names[i] holds */
+};
+int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret);
+/* The chain's path relative to the root ("" for the root), malloc'd; NULL on ENOMEM. */
+char *kidx_chain_path(const struct kidx_chain *c, size_t n);
+void kidx_chain_free(struct kidx_chain *c);
 /* Records the eviction of ino (all its names already unlinked): drops its rows, counts it, logs it.
  * Returns the bytes its row held (0 if it had none). */
 uint64_t kidx_evicted(kidx *idx, uint64_t ino, const char *path, int64_t now_ns);

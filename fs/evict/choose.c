@@ -24,6 +24,31 @@ void kev_dircache_free(struct dircache *c)
         c->n = c->next = 0;
 }
 
+int kev_dirref_open(struct kfs *fs, const struct kev_dirref *d, int flags)
+{
+        int fd = ktree_open(&fs->tree, KTREE_ROOT, d->rel, flags | O_DIRECTORY, 0);
+        struct stat st;
+        if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_dev != fs->tree.dev || st.st_ino != (ino_t)d->ino)) {
+                close(fd);
+                return -ESTALE;
+        }
+        return fd;
+}
+
+int kev_dirref_make(struct kfs *fs, const char *rel, struct kev_dirref *ret)
+{
+        struct stat st;
+        int r = ktree_stat(&fs->tree, KTREE_ROOT, rel, &st);
+        if (r < 0)
+                return r;
+        if (!S_ISDIR(st.st_mode))
+                return -ENOTDIR;
+        if (!(ret->rel = strdup(rel)))
+                return -ENOMEM;
+        ret->ino = st.st_ino;
+        return 0;
+}
+
 /* The slot of directory ino, filled on first use (round-robin replacement). */
 int kev_dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino)
 {
@@ -40,11 +65,21 @@ int kev_dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino)
                 if (c->fd[i] >= 0)
                         close(c->fd[i]);
         }
-        char dir[4096];
+        /* Reached through the index's names, each component checked to be the directory the index holds
+         * (tree.h, R1-R4): a directory renamed or swapped for a symlink since is not this one, and its
+         * victims' names are not removed (remove.c). No path string is resolved, so any depth works. */
+        struct kidx_chain ch;
         c->ino[i] = ino;
-        c->path[i] = kidx_dir_path(fs->idx, ino, dir, sizeof(dir)) == 0 ? strdup(dir) : NULL;
-        c->fd[i] = c->path[i] ? openat(fs->root_fd, dir[0] ? dir : ".", O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-                              : -1;
+        c->path[i] = NULL;
+        c->fd[i] = -1;
+        if (kidx_dir_chain(fs->idx, ino, &ch) == 0) {
+                c->fd[i] = ktree_walk(&fs->tree, ch.n, (const char *const *)ch.names, ch.inos, O_PATH);
+                if (c->fd[i] >= 0 && !(c->path[i] = kidx_chain_path(&ch, ch.n))) {
+                        close(c->fd[i]);
+                        c->fd[i] = -1;
+                }
+                kidx_chain_free(&ch);
+        }
         return i;
 }
 
@@ -84,7 +119,7 @@ void kev_free_victims(struct victims *vs)
         for (size_t i = 0; i < vs->n; i++)
                 kev_free_names(vs->v[i].names, vs->v[i].nnames);
         for (size_t i = 0; i < vs->nu; i++)
-                free(vs->u[i].repair);
+                free(vs->u[i].repair.rel);
         free(vs->v);
         free(vs->u);
         memset(vs, 0, sizeof(*vs));
@@ -105,13 +140,20 @@ int kev_push_victim(struct victims *vs, struct victim *v)
         return 0;
 }
 
-int kev_push_unit(struct victims *vs, size_t first, enum krt rt, const char *repair)
+int kev_push_unit(struct kfs *fs, struct victims *vs, size_t first, enum krt rt, const char *repair)
 {
         struct vunit *nu = realloc(vs->u, (vs->nu + 1) * sizeof(*nu));
         if (!nu)
                 return -ENOMEM;
         vs->u = nu;
-        nu[vs->nu++] = (struct vunit){ first, vs->n - first, rt, repair ? strdup(repair) : NULL };
+        struct vunit *u = &nu[vs->nu];
+        *u = (struct vunit){ first, vs->n - first, rt, { NULL, 0 } };
+        if (repair) { /* its identity now, checked when the repair reaches it (R4); gone: nothing to repair */
+                int r = kev_dirref_make(fs, repair, &u->repair);
+                if (r == -ENOMEM)
+                        return r;
+        }
+        vs->nu++;
         return 0;
 }
 
@@ -220,11 +262,12 @@ int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint6
         for (size_t i = 0; i < u->n && r == 0; i++) {
                 struct stat st, ds;
                 const char *p = u->members[i], *slash = strrchr(p, '/');
-                char dir[PATH_MAX];
-                snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - p) : 1, slash ? p : ".");
-                if (fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0 || !S_ISREG(st.st_mode) ||
-                    fstatat(fs->root_fd, dir, &ds, 0) < 0)
-                        continue; /* gone meanwhile */
+                char *dir = slash ? strndup(p, (size_t)(slash - p)) : strdup(".");
+                int gone = !dir || ktree_stat(&fs->tree, KTREE_ROOT, p, &st) < 0 || !S_ISREG(st.st_mode) ||
+                           ktree_stat(&fs->tree, KTREE_ROOT, dir, &ds) < 0;
+                free(dir);
+                if (gone)
+                        continue; /* gone meanwhile (or reached only through a symlink: not the tree's) */
                 struct kidx_file f;
                 bool known = kidx_get_file(fs->idx, st.st_ino, &f) == 0;
                 pthread_mutex_lock(&fs->itable_lock);
@@ -261,7 +304,7 @@ int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint6
                 r = 0; /* not its newest member yet: its turn comes later in the walk */
                 goto undo;
         }
-        if ((r = kev_push_unit(vs, first, u->rt, u->repair)) < 0)
+        if ((r = kev_push_unit(fs, vs, first, u->rt, u->repair)) < 0)
                 goto undo;
         sn->done = true;
         return 1;
@@ -327,7 +370,7 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                                 size_t first = vs->n;
                                 r = kev_push_victim(vs, &v);
                                 if (r == 0)
-                                        r = kev_push_unit(vs, first, KRT_FILE, NULL);
+                                        r = kev_push_unit(fs, vs, first, KRT_FILE, NULL);
                                 else
                                         kev_free_names(v.names, v.nnames);
                                 kev_unit_free(&u);

@@ -28,11 +28,19 @@ struct victim {
         struct kidx_lru_row row;
 };
 
+/* A directory kept for later (a repair, a prune): its path below the root, which says what it is to the
+ * runtimes' rules, and its identity, which is checked when it is reached again through the path (tree.h,
+ * R4): a path renamed or swapped for a symlink meanwhile leads to another directory, or to none. */
+struct kev_dirref {
+        char *rel;
+        uint64_t ino;   /* on fs->tree.dev */
+};
+
 /* A unit chosen for eviction: victims [first, first + count) of struct victims, in deletion order. */
 struct vunit {
         size_t first, count;
         enum krt rt;
-        char *repair;  /* bookkeeping to repair afterwards (units.c), or NULL */
+        struct kev_dirref repair; /* bookkeeping to repair afterwards (units.c); rel NULL: none */
 };
 
 struct victims {
@@ -46,7 +54,7 @@ struct victims {
 /* A bookkeeping repair still to do (the runtime held its lock last time). */
 struct kev_repair {
         enum krt rt;
-        char *dir;
+        struct kev_dirref dir;
 };
 
 /* Directories of the victims of one batch: victims cluster in few directories, so each one's path is
@@ -54,8 +62,9 @@ struct kev_repair {
 #define DIRCACHE 16
 struct dircache {
         uint64_t ino[DIRCACHE];
-        char *path[DIRCACHE];  /* relative to the backing root; NULL: unknown to the index */
-        int fd[DIRCACHE];      /* O_PATH, or -1 */
+        char *path[DIRCACHE];  /* relative to the backing root, any length; NULL: unknown to the index, or not
+                                  the directory the index holds (tree.h, R4) */
+        int fd[DIRCACHE];      /* O_PATH, reached by ktree_walk, or -1 (then path is NULL) */
         int n, next;
 };
 /* Units met during one choose(): a unit is taken when the LRU walk reaches its newest member. */
@@ -149,11 +158,11 @@ struct kev {
         } marks;
 
         struct {                      /* directories emptied by eviction (prune.c) */
-                char **rel;             /* named too recently to go yet: paths below the root; evict_lock */
+                struct kev_dirref *rel; /* named too recently to go yet; evict_lock */
                 int64_t *due;           /* not before this (ns); evict_lock */
                 size_t n;               /* evict_lock */
                 _Atomic int64_t next;   /* the earliest due, 0: none; the descent wakes for it */
-                char **lost;            /* directories that lost files in this eviction, each once, looked
+                struct kev_dirref *lost; /* directories that lost files in this eviction, each once, looked
                                          * at when it ends; evict_lock */
                 size_t nlost;           /* evict_lock */
                 kmap lost_at;           /* hash of a path in lost -> its index + 1; evict_lock */
@@ -191,12 +200,17 @@ static inline int64_t kev_now(const struct kfs *fs)
 
 /* choose.c: what goes first */
 void kev_dircache_free(struct dircache *c);
+/* The directory d, opened with flags through its path beneath the root (tree.h, R1-R3), if it still is d's
+ * directory (R4): -ESTALE when the path leads elsewhere, -errno. */
+int kev_dirref_open(struct kfs *fs, const struct kev_dirref *d, int flags);
+/* d for the directory at rel now (its identity read through the tree), or -errno. */
+int kev_dirref_make(struct kfs *fs, const char *rel, struct kev_dirref *ret);
 /* The slot of directory ino in c, filled on first use. */
 int kev_dircache_get(struct kfs *fs, struct dircache *c, uint64_t ino);
 void kev_free_names(struct name *names, size_t n);
 void kev_free_victims(struct victims *vs);
 int kev_push_victim(struct victims *vs, struct victim *v);
-int kev_push_unit(struct victims *vs, size_t first, enum krt rt, const char *repair);
+int kev_push_unit(struct kfs *fs, struct victims *vs, size_t first, enum krt rt, const char *repair);
 void kev_seen_free(struct seen_set *ss);
 /* itable_lock held: whether the file ino is open in a way that protects it. */
 bool kev_is_open_locked(struct kfs *fs, uint64_t ino);
@@ -226,11 +240,11 @@ void kev_remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, struc
 
 /* prune.c: the directories eviction empties (EMPTIED DIRECTORIES); evict_lock held for all */
 bool kev_prunes(enum krt rt);
-void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *nl, bool first_now);
+void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, uint64_t dir_ino, struct notify_list *nl, bool first_now);
 void kev_prune_due(struct kfs *fs, struct notify_list *nl);
 void kev_prune_lost(struct kfs *fs, struct notify_list *nl);
 void kev_prune_lost_soon(struct kfs *fs, struct notify_list *nl);
-void kev_note_emptied(struct kfs *fs, const char *path, struct notify_list *nl);
+void kev_note_emptied(struct kfs *fs, const char *path, uint64_t dir_ino, struct notify_list *nl);
 void kev_prune_free(struct kfs *fs);
 
 /* repair.c: the runtimes' own size records */

@@ -114,7 +114,7 @@ enum krt kev_mark_get(struct kfs *fs, const char *name)
 
 void kev_marks_load(struct kfs *fs)
 {
-        int fd = openat(fs->root_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        int fd = openat(fs->tree.root, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
         DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
         if (!d) {
                 if (fd >= 0)

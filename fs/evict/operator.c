@@ -90,7 +90,7 @@ int kev_evict_ino(struct kfs *fs, uint64_t ino)
                 if (r == 0) {
                         v.names = NULL;
                         v.nnames = 0;
-                        r = kev_push_unit(&vs, 0, KRT_FILE, NULL);
+                        r = kev_push_unit(fs, &vs, 0, KRT_FILE, NULL);
                 }
         } else if (r == 0) {
                 struct seen sn = { 0 };

@@ -67,17 +67,17 @@ static int64_t dir_grace_ns(const struct kfs *fs)
         return (int64_t)(fs->o.grace_ms > DIR_GRACE_MS ? fs->o.grace_ms : DIR_GRACE_MS) * 1000000;
 }
 
-/* evict_lock held. rel (a directory) is looked at again from due on. */
-static void prune_later(struct kfs *fs, const char *rel, int64_t due)
+/* evict_lock held. rel (the directory ino) is looked at again from due on. */
+static void prune_later(struct kfs *fs, const char *rel, uint64_t ino, int64_t due)
 {
         size_t i = 0;
-        while (i < fs->ev->prune.n && strcmp(fs->ev->prune.rel[i], rel))
+        while (i < fs->ev->prune.n && (fs->ev->prune.rel[i].ino != ino || strcmp(fs->ev->prune.rel[i].rel, rel)))
                 i++;
         if (i == fs->ev->prune.n) {
                 if (i == PRUNE_LATER_MAX)
                         return; /* it stays, empty, until an eviction empties it again */
                 char *d = strdup(rel);
-                char **r = realloc(fs->ev->prune.rel, (i + 1) * sizeof(*r));
+                struct kev_dirref *r = realloc(fs->ev->prune.rel, (i + 1) * sizeof(*r));
                 if (r)
                         fs->ev->prune.rel = r;
                 int64_t *t = realloc(fs->ev->prune.due, (i + 1) * sizeof(*t));
@@ -87,7 +87,7 @@ static void prune_later(struct kfs *fs, const char *rel, int64_t due)
                         free(d);
                         return;
                 }
-                fs->ev->prune.rel[i] = d;
+                fs->ev->prune.rel[i] = (struct kev_dirref){ d, ino };
                 fs->ev->prune.n++;
         }
         fs->ev->prune.due[i] = due;
@@ -120,32 +120,36 @@ static bool dir_has_entries(int fd)
 
 /* first_now: the first directory goes even if named within the grace (a unit that is a directory: the
  * runtime never stores into one that exists, it makes it). */
-/* evict_lock held. Removes the directory rel if it is empty and not named within DIR_GRACE, then each
- * directory above it that this empties, up to the runtime's root (EMPTIED DIRECTORIES). */
-void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *nl, bool first_now)
+/* evict_lock held. Removes the directory rel, inode ino, if it is empty and not named within DIR_GRACE,
+ * then each directory above it that this empties, up to the runtime's root (EMPTIED DIRECTORIES). Each is
+ * reached through its path beneath the root without symlinks (tree.h) and removed only if it still is the
+ * directory meant: ino for the first, the parent whose name held it for the next (R4). A path that leads
+ * elsewhere, or is too long to resolve, ends the pruning: an empty directory left costs nothing counted. */
+void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, uint64_t ino, struct notify_list *nl, bool first_now)
 {
-        char rel[PATH_MAX];
-        if (snprintf(rel, sizeof(rel), "%s", dir_rel) >= (int)sizeof(rel))
+        char *rel = strdup(dir_rel);
+        if (!rel)
                 return;
         while (!dir_kept(fs, rel)) {
                 /* Most directories that lose a file keep others: a read of their first entries says so
                  * without a lock or a path walk to the parent. */
-                int fd = openat(fs->root_fd, rel, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                struct kev_dirref ref = { rel, ino };
+                int fd = kev_dirref_open(fs, &ref, O_RDONLY);
                 if (fd >= 0 && dir_has_entries(fd)) {
                         close(fd);
-                        return;
+                        break;
                 }
-                if (fd < 0)
-                        fd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                if (fd == -EACCES || fd == -EPERM) /* not readable (a daemon not run as root): rmdir decides */
+                        fd = kev_dirref_open(fs, &ref, O_PATH);
                 struct stat st, ps;
                 if (fd < 0 || fstat(fd, &st) < 0) {
                         if (fd >= 0)
                                 close(fd);
-                        return;
+                        break;
                 }
                 char *base = strrchr(rel, '/') + 1; /* dir_kept: rel has a parent below the root */
                 base[-1] = '\0';
-                int pfd = openat(fs->root_fd, rel, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                int pfd = ktree_open(&fs->tree, KTREE_ROOT, rel, O_PATH | O_DIRECTORY, 0);
                 base[-1] = '/';
                 bool gone = false;
                 int64_t named = 0, now = kfs_now_ns();
@@ -158,11 +162,9 @@ void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *n
                                 in = NULL;
                         else
                                 named = 0;
-                        struct stat cur;
                         /* still that directory (fd holds it), and empty: rmdir says so; no rename between */
                         kfs_names_lock(fs, ps.st_ino, ps.st_ino);
-                        gone = !named && fstatat(pfd, base, &cur, AT_SYMLINK_NOFOLLOW) == 0 &&
-                               cur.st_ino == st.st_ino && unlinkat(pfd, base, AT_REMOVEDIR) == 0;
+                        gone = !named && ktree_unlink(&fs->tree, pfd, base, &st, AT_REMOVEDIR) == 0;
                         kfs_names_unlock(fs, ps.st_ino, ps.st_ino);
                         if (gone && in && in != &fs->root) {
                                 atomic_store(&in->evicted, true);
@@ -181,18 +183,20 @@ void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, struct notify_list *n
                         close(pfd);
                 close(fd);
                 if (named) {
-                        prune_later(fs, rel, named + dir_grace_ns(fs));
-                        return;
+                        prune_later(fs, rel, ino, named + dir_grace_ns(fs));
+                        break;
                 }
                 if (!gone)
-                        return;
+                        break;
                 base[-1] = '\0';
+                ino = ps.st_ino; /* the parent whose name held it: the next one to look at */
         }
+        free(rel);
 }
 
-static void prune_dir(struct kfs *fs, const char *dir_rel, struct notify_list *nl)
+static void prune_dir(struct kfs *fs, const struct kev_dirref *d, struct notify_list *nl)
 {
-        kev_prune_dir_at(fs, dir_rel, nl, false);
+        kev_prune_dir_at(fs, d->rel, d->ino, nl, false);
 }
 
 /* evict_lock held. Looks again at the directories whose grace has passed (EMPTIED DIRECTORIES). */
@@ -201,7 +205,7 @@ void kev_prune_due(struct kfs *fs, struct notify_list *nl)
         int64_t now = kfs_now_ns(), next = atomic_load(&fs->ev->prune.next);
         if (!next || next > now)
                 return;
-        char **due = fs->ev->prune.n ? malloc(fs->ev->prune.n * sizeof(*due)) : NULL;
+        struct kev_dirref *due = fs->ev->prune.n ? malloc(fs->ev->prune.n * sizeof(*due)) : NULL;
         if (!fs->ev->prune.n)
                 atomic_store(&fs->ev->prune.next, 0);
         if (!due)
@@ -221,8 +225,8 @@ void kev_prune_due(struct kfs *fs, struct notify_list *nl)
         fs->ev->prune.n = kept;
         atomic_store(&fs->ev->prune.next, next);
         for (size_t i = 0; i < nd; i++) { /* named again meanwhile: back in the list */
-                prune_dir(fs, due[i], nl);
-                free(due[i]);
+                prune_dir(fs, &due[i], nl);
+                free(due[i].rel);
         }
         free(due);
 }
@@ -258,8 +262,8 @@ static uint64_t path_hash(const char *p)
 void kev_prune_lost(struct kfs *fs, struct notify_list *nl)
 {
         for (size_t i = 0; i < fs->ev->prune.nlost; i++) {
-                prune_dir(fs, fs->ev->prune.lost[i], nl);
-                free(fs->ev->prune.lost[i]);
+                prune_dir(fs, &fs->ev->prune.lost[i], nl);
+                free(fs->ev->prune.lost[i].rel);
         }
         fs->ev->prune.nlost = 0;
         kmap_free(&fs->ev->prune.lost_at);
@@ -271,7 +275,7 @@ void kev_prune_lost(struct kfs *fs, struct notify_list *nl)
  * of 12,000 victims in 1,000 directories looks at 1,000. A directory that still holds a file costs one
  * read of its first entries. */
 #define PRUNE_LOST_MAX 1024
-void kev_note_emptied(struct kfs *fs, const char *path, struct notify_list *nl)
+void kev_note_emptied(struct kfs *fs, const char *path, uint64_t dir_ino, struct notify_list *nl)
 {
         const char *slash = strrchr(path, '/');
         char *dir = slash ? strndup(path, (size_t)(slash - path)) : NULL;
@@ -279,18 +283,18 @@ void kev_note_emptied(struct kfs *fs, const char *path, struct notify_list *nl)
                 return;
         uint64_t h = path_hash(dir);
         uintptr_t at = (uintptr_t)kmap_get(&fs->ev->prune.lost_at, h);
-        if (at && !strcmp(fs->ev->prune.lost[at - 1], dir)) {
+        if (at && fs->ev->prune.lost[at - 1].ino == dir_ino && !strcmp(fs->ev->prune.lost[at - 1].rel, dir)) {
                 free(dir); /* noted already */
                 return;
         }
-        char **n = realloc(fs->ev->prune.lost, (fs->ev->prune.nlost + 1) * sizeof(*n));
+        struct kev_dirref *n = realloc(fs->ev->prune.lost, (fs->ev->prune.nlost + 1) * sizeof(*n));
         if (!n) {
-                prune_dir(fs, dir, nl); /* now, then */
+                kev_prune_dir_at(fs, dir, dir_ino, nl, false); /* now, then */
                 free(dir);
                 return;
         }
         fs->ev->prune.lost = n;
-        n[fs->ev->prune.nlost++] = dir;
+        n[fs->ev->prune.nlost++] = (struct kev_dirref){ dir, dir_ino };
         if (!at)
                 (void)kmap_put(&fs->ev->prune.lost_at, h, (void *)(uintptr_t)fs->ev->prune.nlost);
         if (fs->ev->prune.nlost >= PRUNE_LOST_MAX)
@@ -300,14 +304,14 @@ void kev_note_emptied(struct kfs *fs, const char *path, struct notify_list *nl)
 void kev_prune_free(struct kfs *fs)
 {
         for (size_t i = 0; i < fs->ev->prune.n; i++)
-                free(fs->ev->prune.rel[i]);
+                free(fs->ev->prune.rel[i].rel);
         free(fs->ev->prune.rel);
         free(fs->ev->prune.due);
         fs->ev->prune.rel = NULL;
         fs->ev->prune.due = NULL;
         fs->ev->prune.n = 0;
         for (size_t i = 0; i < fs->ev->prune.nlost; i++)
-                free(fs->ev->prune.lost[i]);
+                free(fs->ev->prune.lost[i].rel);
         free(fs->ev->prune.lost);
         fs->ev->prune.lost = NULL;
         fs->ev->prune.nlost = 0;

@@ -52,8 +52,8 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
                 if (dirfds[i] < 0)
                         continue;
                 kfs_names_lock(fs, v->names[i].dir, v->names[i].dir); /* no rename between check and unlink */
-                int fd = openat(dirfds[i], v->names[i].name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
-                if (fd < 0 || fstat(fd, &st) < 0 || st.st_ino != v->ino) {
+                int fd = ktree_open(&fs->tree, dirfds[i], v->names[i].name, O_PATH, 0);
+                if (fd < 0 || fstat(fd, &st) < 0 || st.st_ino != v->ino || st.st_dev != fs->tree.dev) {
                         kfs_names_unlock(fs, v->names[i].dir, v->names[i].dir);
                         if (fd >= 0) {
                                 close(fd); /* the index is stale for this name: never remove another file */
@@ -61,7 +61,7 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
                         }
                         continue;
                 }
-                int gone = unlinkat(dirfds[i], v->names[i].name, 0);
+                int gone = ktree_unlink(&fs->tree, dirfds[i], v->names[i].name, &st, 0);
                 kfs_names_unlock(fs, v->names[i].dir, v->names[i].dir);
                 if (gone < 0) {
                         close(fd);
@@ -111,7 +111,7 @@ static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs,
         if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
                 return -1;
         int dfd = dc->fd[kev_dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
-        int fd = dfd < 0 ? -1 : openat(dfd, KFS_JAX_LOCK, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        int fd = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
         if (fd < 0)
                 return -1;
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
@@ -212,18 +212,16 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                                 kev_miss_evicted(fs, v->names[i].path, v->bytes);
                 for (size_t i = 0; kev_prunes(u->rt) && i < v->nnames; i++) /* (EMPTIED DIRECTORIES) */
                         if (v->names[i].removed && v->names[i].path)
-                                kev_note_emptied(fs, v->names[i].path, nl);
+                                kev_note_emptied(fs, v->names[i].path, v->names[i].dir, nl);
                 if (u->rt == KRT_PYOPENCL && k + 1 == u->count && v->nnames && v->names[0].path) {
                         /* The unit is its directory: PyOpenCL and pytools never store into an existing
                          * one (a key directory without its info is a warning and a reset; an item
                          * directory without its files, a key dead for good), so it goes with its last file. */
-                        char dir[PATH_MAX];
-                        char *slash;
-                        if (snprintf(dir, sizeof(dir), "%s", v->names[0].path) < (int)sizeof(dir) &&
-                            (slash = strrchr(dir, '/'))) {
-                                *slash = '\0';
-                                kev_prune_dir_at(fs, dir, nl, true);
-                        }
+                        const char *slash = strrchr(v->names[0].path, '/');
+                        char *dir = slash ? strndup(v->names[0].path, (size_t)(slash - v->names[0].path)) : NULL;
+                        if (dir)
+                                kev_prune_dir_at(fs, dir, v->names[0].dir, nl, true);
+                        free(dir);
                 }
         }
         for (size_t k = 0; k < u->count; k++) { /* the index knows now: the inode number may be reused */

@@ -26,17 +26,13 @@ static bool counted(enum krt rt, const char *n)
 
 /* The runtime's own count of the cache below dfd: the sizes of its counted files, down as deep as the
  * runtime itself looks (NEO: its two levels of hash directories). */
-static uint64_t tree_size(enum krt rt, int dfd, int depth)
+static uint64_t tree_size(const struct ktree *t, enum krt rt, int dfd, int depth)
 {
-        int fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        DIR *d = ktree_opendir(t, dfd, ".");
         uint64_t total = 0;
         struct dirent *de;
-        if (!d) {
-                if (fd >= 0)
-                        close(fd);
+        if (!d)
                 return 0;
-        }
         int max_depth = rt == KRT_NEO ? 2 : 16;
         while ((de = readdir(d))) {
                 struct stat st;
@@ -46,9 +42,9 @@ static uint64_t tree_size(enum krt rt, int dfd, int depth)
                 if (S_ISREG(st.st_mode) && counted(rt, n))
                         total += (uint64_t)st.st_size;
                 else if (S_ISDIR(st.st_mode) && depth < max_depth) {
-                        int c = openat(dirfd(d), n, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+                        int c = ktree_open(t, dirfd(d), n, O_PATH | O_DIRECTORY, 0);
                         if (c >= 0) {
-                                total += tree_size(rt, c, depth + 1);
+                                total += tree_size(t, rt, c, depth + 1);
                                 close(c);
                         }
                 }
@@ -88,7 +84,7 @@ static void note_rewritten(struct kfs *fs, int fd, struct notify_list *nl)
  * files are opened direct_io (kfs_inode.bookkeeping), so NEO's pread after the lock comes here. */
 static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
 {
-        size_t v = (size_t)tree_size(KRT_NEO, dfd, 0); /* NEO's format: one native size_t */
+        size_t v = (size_t)tree_size(&fs->tree, KRT_NEO, dfd, 0); /* NEO's format: one native size_t */
         if (pwrite(fd, &v, sizeof(v), 0) != (ssize_t)sizeof(v))
                 kev_remove_noted(fs, dfd, KFS_NEO_SIZE_FILE, fd, nl); /* not writable: removed, NEO then recounts */
         else
@@ -101,14 +97,14 @@ static void neo_rewrite(struct kfs *fs, int dfd, int fd, struct notify_list *nl)
  *   SYCL: rewrite cache_size.txt with the true size while holding cache_size.txt.lock (created O_EXCL, as
  *         SYCL does). Rewriting, not removing: a missing file makes SYCL recount by walking a tree that
  *         eviction may be changing under it. */
-static bool repair(struct kfs *fs, enum krt rt, const char *dir, struct notify_list *nl)
+static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, struct notify_list *nl)
 {
-        int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int dfd = kev_dirref_open(fs, dir, O_PATH);
         if (dfd < 0)
-                return true; /* gone: nothing to repair */
+                return true; /* gone, or not the directory it was (R4): nothing to repair */
         bool done = true;
         if (rt == KRT_NEO) {
-                int fd = openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                int fd = ktree_open(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                                 neo_rewrite(fs, dfd, fd, nl);
@@ -117,23 +113,25 @@ static bool repair(struct kfs *fs, enum krt rt, const char *dir, struct notify_l
                         close(fd); /* releases the lock */
                 }
         } else if (rt == KRT_SYCL) {
-                int lk = openat(dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0200);
+                int lk = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL, 0200);
                 if (lk >= 0) {
-                        int fd = openat(dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC | O_NOFOLLOW | O_CLOEXEC);
+                        struct stat ls;
+                        int fd = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC, 0);
                         if (fd >= 0) {
                                 char v[32];
                                 int n = snprintf(v, sizeof(v), "%llu",
-                                                 (unsigned long long)tree_size(KRT_SYCL, dfd, 0));
+                                                 (unsigned long long)tree_size(&fs->tree, KRT_SYCL, dfd, 0));
                                 if (write(fd, v, (size_t)n) != n) /* a short write leaves a number SYCL rejects */
                                         kev_remove_noted(fs, dfd, KFS_SYCL_SIZE_FILE, fd, nl);
                                 else
                                         note_rewritten(fs, fd, nl);
                                 close(fd);
                         }
+                        if (fstat(lk, &ls) == 0) /* ours, not one a runtime made since */
+                                (void)ktree_unlink(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, &ls, 0);
                         close(lk);
-                        unlinkat(dfd, KFS_SYCL_SIZE_LOCK, 0);
                 } else {
-                        done = errno != EEXIST;
+                        done = lk != -EEXIST;
                 }
         }
         close(dfd);
@@ -148,11 +146,16 @@ static bool repair(struct kfs *fs, enum krt rt, const char *dir, struct notify_l
  * order is the flock, then evict_lock; eviction itself never waits for a flock). Stopped by
  * kev_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. */
 
-static void drop_repair_locked(struct kfs *fs, enum krt rt, const char *dir)
+static bool same_dir(const struct kev_dirref *a, const struct kev_dirref *b)
+{
+        return a->ino == b->ino && !strcmp(a->rel, b->rel);
+}
+
+static void drop_repair_locked(struct kfs *fs, enum krt rt, const struct kev_dirref *dir)
 {
         for (size_t k = 0; k < fs->ev->nrepairs; k++)
-                if (fs->ev->repairs[k].rt == rt && !strcmp(fs->ev->repairs[k].dir, dir)) {
-                        free(fs->ev->repairs[k].dir);
+                if (fs->ev->repairs[k].rt == rt && same_dir(&fs->ev->repairs[k].dir, dir)) {
+                        free(fs->ev->repairs[k].dir.rel);
                         fs->ev->repairs[k] = fs->ev->repairs[--fs->ev->nrepairs];
                         return;
                 }
@@ -163,24 +166,24 @@ static void *repairer_main(void *arg)
         struct kfs *fs = arg;
         pthread_mutex_lock(&fs->ev->evict_lock);
         while (!fs->ev->stop) {
-                char *dir = NULL;
-                for (size_t k = 0; k < fs->ev->nrepairs && !dir; k++)
+                struct kev_dirref dir = { NULL, 0 };
+                for (size_t k = 0; k < fs->ev->nrepairs && !dir.rel; k++)
                         if (fs->ev->repairs[k].rt == KRT_NEO)
-                                dir = strdup(fs->ev->repairs[k].dir);
-                if (!dir) {
+                                dir = (struct kev_dirref){ strdup(fs->ev->repairs[k].dir.rel), fs->ev->repairs[k].dir.ino };
+                if (!dir.rel) {
                         pthread_cond_wait(&fs->ev->repair_cond, &fs->ev->evict_lock);
                         continue;
                 }
                 pthread_mutex_unlock(&fs->ev->evict_lock);
-                int dfd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-                int fd = dfd < 0 ? -1 : openat(dfd, KFS_NEO_SIZE_FILE, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+                int dfd = kev_dirref_open(fs, &dir, O_PATH); /* R4: still the directory it was */
+                int fd = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
                 bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->ev->evict_lock);
                 if (!fs->ev->stop && (locked || fd < 0)) {
                         if (locked)
                                 neo_rewrite(fs, dfd, fd, &nl);
-                        drop_repair_locked(fs, KRT_NEO, dir);
+                        drop_repair_locked(fs, KRT_NEO, &dir);
                 }
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 kev_notify_all(fs, &nl);
@@ -188,7 +191,7 @@ static void *repairer_main(void *arg)
                         close(fd); /* releases the flock */
                 if (dfd >= 0)
                         close(dfd);
-                free(dir);
+                free(dir.rel);
                 pthread_mutex_lock(&fs->ev->evict_lock);
         }
         pthread_mutex_unlock(&fs->ev->evict_lock);
@@ -209,23 +212,23 @@ static void repairer_kick_locked(struct kfs *fs)
 void kev_repair_all(struct kfs *fs, struct victims *vs, struct notify_list *nl)
 {
         for (size_t i = 0; i < vs->nu; i++) {
-                if (!vs->u[i].repair)
+                if (!vs->u[i].repair.rel)
                         continue;
                 bool dup = false;
                 for (size_t k = 0; k < fs->ev->nrepairs && !dup; k++)
-                        dup = fs->ev->repairs[k].rt == vs->u[i].rt && !strcmp(fs->ev->repairs[k].dir, vs->u[i].repair);
+                        dup = fs->ev->repairs[k].rt == vs->u[i].rt && same_dir(&fs->ev->repairs[k].dir, &vs->u[i].repair);
                 struct kev_repair *nr = dup ? NULL : realloc(fs->ev->repairs, (fs->ev->nrepairs + 1) * sizeof(*nr));
                 if (nr) {
                         fs->ev->repairs = nr;
                         nr[fs->ev->nrepairs++] = (struct kev_repair){ vs->u[i].rt, vs->u[i].repair };
-                        vs->u[i].repair = NULL; /* now owned by fs->ev->repairs */
+                        vs->u[i].repair.rel = NULL; /* now owned by fs->ev->repairs */
                 }
         }
         size_t keep = 0;
         bool neo = false;
         for (size_t k = 0; k < fs->ev->nrepairs; k++) {
-                if (repair(fs, fs->ev->repairs[k].rt, fs->ev->repairs[k].dir, nl)) {
-                        free(fs->ev->repairs[k].dir);
+                if (repair(fs, fs->ev->repairs[k].rt, &fs->ev->repairs[k].dir, nl)) {
+                        free(fs->ev->repairs[k].dir.rel);
                 } else {
                         neo |= fs->ev->repairs[k].rt == KRT_NEO;
                         fs->ev->repairs[keep++] = fs->ev->repairs[k];
@@ -253,7 +256,7 @@ void kev_repairer_stop(struct kfs *fs)
 void kev_repair_free(struct kfs *fs)
 {
         for (size_t k = 0; k < fs->ev->nrepairs; k++)
-                free(fs->ev->repairs[k].dir);
+                free(fs->ev->repairs[k].dir.rel);
         free(fs->ev->repairs);
         fs->ev->repairs = NULL;
         fs->ev->nrepairs = 0;

@@ -31,7 +31,7 @@
  * A mount option (layout=) forces a runtime for the whole mount or per subdirectory, for layouts the
  * markers cannot recognise (and to turn recognition off: layout=file).
  *
- * Everything here reads the backing tree relative to fs->root_fd; nothing here changes it. */
+ * Everything here reads the backing tree beneath fs->tree.root, through common/tree.h; nothing here changes it. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -116,19 +116,22 @@ static int add_member(struct kev_unit *u, const char *dir, const char *name)
         return 0;
 }
 
+/* Paths here are read from the index and resolved beneath the root without following a symlink
+ * (tree.h): what a user renamed or swapped meanwhile is found missing, never followed elsewhere. */
 static bool exists_at(struct kfs *fs, const char *dir, const char *name)
 {
-        char p[PATH_MAX];
         struct stat st;
-        snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name);
-        return fstatat(fs->root_fd, *p ? p : ".", &st, AT_SYMLINK_NOFOLLOW) == 0;
+        int fd = ktree_open(&fs->tree, KTREE_ROOT, dir, O_PATH | O_DIRECTORY, 0);
+        bool r = fd >= 0 && fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) == 0;
+        if (fd >= 0)
+                close(fd);
+        return r;
 }
 
 /* Whether the directory dir (relative) holds a directory. */
 static bool has_subdir(struct kfs *fs, const char *dir)
 {
-        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        DIR *d = ktree_opendir(&fs->tree, KTREE_ROOT, dir);
         bool found = false;
         struct dirent *de;
         while (d && !found && (de = readdir(d)))
@@ -140,8 +143,6 @@ static bool has_subdir(struct kfs *fs, const char *dir)
                 }
         if (d)
                 closedir(d);
-        else if (fd >= 0)
-                close(fd);
         return found;
 }
 
@@ -176,23 +177,18 @@ static int add_tree(struct kfs *fs, struct kev_unit *u, const char *dir, int dep
 {
         if (depth > 16)
                 return -ELOOP;
-        int fd = openat(fs->root_fd, *dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        if (fd < 0)
+        DIR *d = ktree_opendir(&fs->tree, KTREE_ROOT, dir);
+        if (!d)
                 return -errno;
-        DIR *d = fdopendir(fd);
-        if (!d) {
-                close(fd);
-                return -errno;
-        }
         int r = 0;
         struct dirent *de;
         while (r == 0 && (de = readdir(d))) {
                 if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
                         continue;
                 if (de->d_type == DT_DIR) {
-                        char sub[PATH_MAX];
-                        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
-                        r = add_tree(fs, u, sub, depth + 1);
+                        char *sub = NULL;
+                        r = asprintf(&sub, "%s/%s", dir, de->d_name) < 0 ? -ENOMEM : add_tree(fs, u, sub, depth + 1);
+                        free(sub);
                 } else if (de->d_type == DT_REG) {
                         r = add_member(u, dir, de->d_name);
                 }
@@ -283,16 +279,13 @@ static bool is_triton_dir(struct kfs *fs, const char *d, const char *path)
                 return false;
         if (forced(fs, path) == KRT_TRITON)
                 return true;
-        int fd = openat(fs->root_fd, d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+        DIR *dd = ktree_opendir(&fs->tree, KTREE_ROOT, d);
         bool grp = false;
         struct dirent *de;
         while (dd && !grp && (de = readdir(dd)))
                 grp = is_grp_json(de->d_name);
         if (dd)
                 closedir(dd);
-        else if (fd >= 0)
-                close(fd);
         return grp;
 }
 
@@ -391,10 +384,12 @@ static bool is_db_file(const char *n)
  * failed with ENOSPC while its lock made every other entry busy). */
 static bool lock_held_by_other(struct kfs *fs, const char *dir, const char *name)
 {
-        char p[PATH_MAX];
         struct stat st;
-        if (snprintf(p, sizeof(p), "%s%s%s", dir, *dir ? "/" : "", name) >= (int)sizeof(p) ||
-            fstatat(fs->root_fd, p, &st, AT_SYMLINK_NOFOLLOW) < 0)
+        int fd = ktree_open(&fs->tree, KTREE_ROOT, dir, O_PATH | O_DIRECTORY, 0);
+        int r = fd < 0 ? fd : fstatat(fd, name, &st, AT_SYMLINK_NOFOLLOW) < 0 ? -errno : 0;
+        if (fd >= 0)
+                close(fd);
+        if (r < 0)
                 return false; /* no lock: nobody is inside */
         if (!kev_writer)
                 return true;
@@ -513,7 +508,7 @@ static int pocl_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u
                 return 0;
         int r = whole_dir_unit(fs, u, KRT_POCL, d, is_program_bc);
         struct stat st;
-        if (r == 0 && !exists_at(fs, d, "program.bc") && fstatat(fs->root_fd, d, &st, 0) == 0 &&
+        if (r == 0 && !exists_at(fs, d, "program.bc") && ktree_stat(&fs->tree, KTREE_ROOT, d, &st) == 0 &&
             kfs_now_ns() - ((int64_t)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec) <
                     (int64_t)(fs->o.tmp_age * 1e9))
                 u->busy = true;
@@ -537,16 +532,13 @@ static int numba_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *
         if (!k)
                 return 0;
         int r = 0;
-        int fd = openat(fs->root_fd, *f->dir ? f->dir : ".", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-        DIR *dd = fd >= 0 ? fdopendir(fd) : NULL;
+        DIR *dd = ktree_opendir(&fs->tree, KTREE_ROOT, f->dir);
         struct dirent *de;
         while (r == 0 && dd && (de = readdir(dd)))
                 if (numba_stem(de->d_name) == k && !strncmp(de->d_name, f->name, k))
                         r = add_member(u, f->dir, de->d_name);
         if (dd)
                 closedir(dd);
-        else if (fd >= 0)
-                close(fd);
         qsort(u->members, u->n, sizeof(*u->members), by_name); /* the same order on every run */
         to_front(u, is_nbi); /* the index first: without it, the function is a clean miss */
         return r < 0 ? r : 1;

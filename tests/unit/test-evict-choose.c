@@ -68,12 +68,12 @@ static void scene_open(struct scene *sc)
         struct kfs *fs = &sc->fs;
         char db[PATH_MAX];
         snprintf(db, sizeof(db), "%s/index.db", sc->tmp);
-        fs->root_fd = open(sc->backing, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        CHECK_EQ(ktree_init(&fs->tree, sc->backing), 0);
         struct stat st;
-        CHECK(fs->root_fd >= 0 && fstat(fs->root_fd, &st) == 0);
+        CHECK(fstat(fs->tree.root, &st) == 0);
         fs->root.bino = st.st_ino;
         fs->root.type = S_IFDIR;
-        struct kidx_open_opts o = { .db_path = db, .backing_fd = fs->root_fd };
+        struct kidx_open_opts o = { .db_path = db, .backing_fd = fs->tree.root };
         enum kidx_rebuild_reason why;
         CHECK_EQ(kidx_open(&o, &fs->idx, &why), 0);
         fs->o.max_size = 1 << 30;
@@ -109,7 +109,7 @@ static void scene_end(struct scene *sc)
         kmap_free(&fs->detached);
         kev_free(fs);
         kidx_close(fs->idx, true);
-        close(fs->root_fd);
+        close(fs->tree.root);
         tutil_rmrf(sc->tmp);
         free(sc->tmp);
 }
@@ -274,7 +274,12 @@ static void test_a_sycl_entry_goes_whole_unless_locked(void)
         struct dircache dc = { 0 };
         uint64_t c = 0;
         CHECK_EQ(kev_choose(&sc.fs, &dc, UINT64_MAX, SIZE_MAX, &c, false, NULL, &vs), 0);
-        CHECK(vs.nu == 1 && vs.u[0].rt == KRT_SYCL && vs.u[0].repair && !strcmp(vs.u[0].repair, "sycl"));
+        struct stat sy;
+        char sp[PATH_MAX];
+        snprintf(sp, sizeof(sp), "%s/sycl", sc.backing);
+        CHECK(stat(sp, &sy) == 0);
+        CHECK(vs.nu == 1 && vs.u[0].rt == KRT_SYCL && vs.u[0].repair.rel && !strcmp(vs.u[0].repair.rel, "sycl") &&
+              vs.u[0].repair.ino == sy.st_ino);
         kev_free_victims(&vs);
         kev_dircache_free(&dc);
         scene_end(&sc);

@@ -1,0 +1,129 @@
+/* test-tree.c: common/tree.c, the door to the backing tree (tree.h, R1-R4), on a real directory: both
+ * resolvers (openat2, and the per-component walk of kernels without it) refuse every way out that a user
+ * of a shared mount can build inside the tree: a symlink anywhere in a path, "..", an absolute path, a
+ * mount point; a walk by identities refuses a component that holds another directory; a removal
+ * refuses a name that holds another object. A mount point is tried only as root. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../common/tree.h"
+#include "tutil.h"
+
+static char *at(const char *dir, const char *rel)
+{
+        static char buf[4][4096];
+        static int n;
+        char *b = buf[n++ % 4];
+        if (snprintf(b, sizeof(buf[0]), "%s/%s", dir, rel) >= (int)sizeof(buf[0]))
+                abort();
+        return b;
+}
+
+static void run(const char *root, const char *outside, bool walk)
+{
+        ktree__force_walk(walk);
+        struct ktree t;
+        CHECK_EQ(ktree_init(&t, root), 0);
+        /* the ordinary: files and directories beneath, symlinks as objects with O_PATH */
+        int fd = ktree_open(&t, KTREE_ROOT, "a/b/file", O_RDONLY, 0);
+        CHECK(fd >= 0);
+        if (fd >= 0)
+                close(fd);
+        fd = ktree_open(&t, KTREE_ROOT, "a/link", O_PATH, 0);
+        struct stat st;
+        CHECK(fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode));
+        if (fd >= 0)
+                close(fd);
+        CHECK(ktree_stat(&t, KTREE_ROOT, "", &st) == 0 && S_ISDIR(st.st_mode));
+        /* the ways out */
+        CHECK_EQ(ktree_open(&t, KTREE_ROOT, "a/link/secret", O_RDONLY, 0), -ELOOP); /* a symlink component */
+        int r = ktree_open(&t, KTREE_ROOT, "a/link", O_RDONLY | O_DIRECTORY, 0); /* a directory that is a link */
+        CHECK(r == -ELOOP || r == -ENOTDIR);
+        CHECK_EQ(ktree_open(&t, KTREE_ROOT, "a/flink", O_WRONLY | O_TRUNC, 0), -ELOOP); /* the last one */
+        CHECK_EQ(ktree_open(&t, KTREE_ROOT, "a/../../x", O_RDONLY, 0), -EXDEV);
+        CHECK_EQ(ktree_open(&t, KTREE_ROOT, outside, O_RDONLY, 0), -EXDEV);
+        CHECK(ktree_opendir(&t, KTREE_ROOT, "a/link") == NULL && (errno == ELOOP || errno == ENOTDIR));
+        int dfd = ktree_open(&t, KTREE_ROOT, "a", O_PATH | O_DIRECTORY, 0);
+        CHECK(dfd >= 0);
+        CHECK_EQ(ktree_open(&t, dfd, "link/secret", O_RDONLY, 0), -ELOOP); /* beneath a held directory */
+        CHECK_EQ(ktree_open(&t, dfd, "..", O_PATH, 0), -EXDEV);
+        /* creation never through a symlink either */
+        CHECK_EQ(ktree_open(&t, dfd, "flink", O_WRONLY | O_CREAT, 0600), -ELOOP);
+        fd = ktree_open(&t, dfd, "new", O_WRONLY | O_CREAT | O_EXCL, 0600);
+        CHECK(fd >= 0 && fstat(fd, &st) == 0 && (st.st_mode & 07777) == 0600);
+        int f2 = ktree_open(&t, dfd, "typed", O_WRONLY | O_CREAT | O_TRUNC, S_IFREG | 0640); /* as FUSE's create */
+        CHECK(f2 >= 0);
+        if (f2 >= 0)
+                close(f2);
+        CHECK_EQ(ktree_unlink(&t, dfd, "typed", NULL, 0), 0);
+        /* removal checks identity (R4) */
+        struct stat other;
+        CHECK(stat(at(root, "a/b/file"), &other) == 0);
+        CHECK_EQ(ktree_unlink(&t, dfd, "new", &other, 0), -ESTALE);
+        CHECK(access(at(root, "a/new"), F_OK) == 0);
+        CHECK_EQ(ktree_unlink(&t, dfd, "new", &st, 0), 0);
+        CHECK_EQ(ktree_unlink(&t, dfd, "b/file", NULL, 0), -EINVAL);
+        CHECK_EQ(ktree_unlink(&t, dfd, "..", NULL, AT_REMOVEDIR), -EINVAL);
+        CHECK_EQ(ktree_unlink_ino(&t, dfd, "flink", other.st_ino, 0), -ESTALE); /* another object */
+        CHECK(access(at(root, "a/flink"), F_OK) == 0 || errno == ENOENT);
+        if (fd >= 0)
+                close(fd);
+        /* a walk by identities */
+        struct stat sa, sb;
+        CHECK(stat(at(root, "a"), &sa) == 0 && stat(at(root, "a/b"), &sb) == 0);
+        const char *names[] = { "a", "b" };
+        uint64_t inos[] = { sa.st_ino, sb.st_ino };
+        fd = ktree_walk(&t, 2, names, inos, O_PATH);
+        CHECK(fd >= 0 && fstat(fd, &st) == 0 && st.st_ino == sb.st_ino);
+        if (fd >= 0)
+                close(fd);
+        uint64_t wrong[] = { sa.st_ino, sa.st_ino };
+        CHECK_EQ(ktree_walk(&t, 2, names, wrong, O_PATH), -ESTALE);
+        const char *via_link[] = { "a", "link" };
+        CHECK_EQ(ktree_walk(&t, 2, via_link, inos, O_PATH), -ESTALE);
+        const char *bad[] = { "a", "../a" };
+        CHECK_EQ(ktree_walk(&t, 2, bad, inos, O_PATH), -EINVAL);
+        /* renames and makes take one name */
+        CHECK_EQ(ktree_rename(&t, dfd, "b", dfd, "../b", 0), -EINVAL);
+        CHECK_EQ(ktree_mkdir(&t, dfd, "x/y", 0700), -EINVAL);
+        CHECK_EQ(ktree_mkdir(&t, dfd, "d", 0700), 0);
+        CHECK_EQ(ktree_unlink(&t, dfd, "d", NULL, AT_REMOVEDIR), 0);
+        /* a mount point is another filesystem (R3) */
+        if (geteuid() == 0 && mkdir(at(root, "mnt"), 0700) == 0 &&
+            mount("tmpfs", at(root, "mnt"), "tmpfs", 0, "size=1m") == 0) {
+                CHECK_EQ(ktree_open(&t, KTREE_ROOT, "mnt", O_PATH, 0), -EXDEV);
+                CHECK_EQ(ktree_open(&t, KTREE_ROOT, "mnt/.", O_RDONLY, 0), -EXDEV);
+                umount(at(root, "mnt"));
+                rmdir(at(root, "mnt"));
+        }
+        close(dfd);
+        ktree_close(&t);
+}
+
+int main(void)
+{
+        char *root = tutil_tmpdir(), *out = tutil_tmpdir();
+        char secret[4096];
+        snprintf(secret, sizeof(secret), "%s/secret", out);
+        FILE *f = fopen(secret, "w");
+        CHECK(f != NULL);
+        if (f)
+                fclose(f);
+        CHECK(mkdir(at(root, "a"), 0755) == 0 && mkdir(at(root, "a/b"), 0755) == 0);
+        tutil_write_file(at(root, "a/b"), "file", 10);
+        CHECK(symlink(out, at(root, "a/link")) == 0);
+        CHECK(symlink(secret, at(root, "a/flink")) == 0);
+        run(root, secret, false);
+        run(root, secret, true);
+        struct stat st;
+        CHECK(stat(secret, &st) == 0 && st.st_size == 0); /* never reached */
+        tutil_rmrf(root);
+        tutil_rmrf(out);
+        return tutil_done("test-tree");
+}
