@@ -714,5 +714,7 @@ def test_symlink_swaps_never_reach_outside(shared, canary_fs, users):
     top = max(os.stat(n, dir_fd=dfd, follow_symlinks=False).st_ino
               for _, _, fns, dfd in os.fwalk(m.backing) for n in fns)
     print(f"the backing's inode numbers reached {top}; A's twins cover up to {max(e[4] for e in before.values())}")
+    evicted = int(os.getxattr(m.mnt, "user.kcachefs.evicted_files"))  # since the last mount
+    assert evicted > 100, f"only {evicted} files evicted since the last mount: the property was hardly tried"
     assert_index_exact(m)
     assert_canary_intact(canary_fs, before)
