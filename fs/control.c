@@ -43,7 +43,8 @@ static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", 
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
                                           "passthrough", "passthrough_opens", "transport", "ring_requests",
                                           "helped_writes", "blocked_writes", "background_evictions",
-                                          "index_bytes", "wal_bytes", "inode_fds", "fd_reopens" };
+                                          "index_bytes", "wal_bytes", "inode_fds", "fd_reopens", "inodes",
+                                          "detached_inodes", "pruned_names" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -52,14 +53,42 @@ bool kfs_ctl_is_ours(const char *name)
         return strncmp(name, PREFIX, PREFIX_LEN) == 0;
 }
 
+/* The inodes the kernel knows (in the table), and of those the ones evicted or removed that it has not
+ * forgotten yet (detached: kprune.c says why they should be few). */
+static void inode_counts(struct kfs *fs, uint64_t *live, uint64_t *detached)
+{
+        pthread_mutex_lock(&fs->itable_lock);
+        *live = fs->itable.count;
+        *detached = fs->detached.count;
+        pthread_mutex_unlock(&fs->itable_lock);
+}
+
+/* s as the body of a JSON string: quotes, backslashes and control characters escaped. */
+static const char *json_str(const char *s, char *out, size_t size)
+{
+        size_t o = 0;
+        for (; *s && o + 7 < size; s++) {
+                unsigned char c = (unsigned char)*s;
+                if (c == '"' || c == '\\')
+                        o += (size_t)snprintf(out + o, size - o, "\\%c", c);
+                else if (c < 0x20)
+                        o += (size_t)snprintf(out + o, size - o, "\\u%04x", c);
+                else
+                        out[o++] = (char)c;
+        }
+        out[o] = '\0';
+        return out;
+}
+
 static int stats_json(struct kfs *fs, char *buf, size_t size)
 {
         struct kidx_stats s;
         kidx_get_stats(fs->idx, &s);
         struct kev_counts ec;
         kev_counts(fs, &ec);
-        uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0;
-        char why[200], how[200];
+        uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0, live, detached;
+        inode_counts(fs, &live, &detached);
+        char why[200], how[200], jpt[1300], jhow[1300], jindex[6 * 4096 + 8], jbacking[6 * 4096 + 8];
         return snprintf(buf, size,
                         "{\"version\":\"%s\",\"max_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
                         ",\"free_bytes\":%" PRIu64 ",\"files\":%" PRIu64 ",\"entries\":%" PRIu64
@@ -71,15 +100,18 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 ",\"inode_fds\":%" PRIu64
                         ",\"fd_reopens\":%" PRIu64 ",\"refetches\":%" PRIu64 ",\"refetch_bytes\":%" PRIu64
                         ",\"suggested_max_bytes\":%" PRIu64 ",\"refused_writes\":%" PRIu64
-                        ",\"refused_need_bytes\":%" PRIu64 "}",
+                        ",\"refused_need_bytes\":%" PRIu64 ",\"inodes\":%" PRIu64 ",\"detached_inodes\":%" PRIu64
+                        ",\"pruned_names\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
-                        s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark, fs->o.index_path,
-                        fs->o.backing, kfs_pt_state(fs, why, sizeof(why)), (uint64_t)atomic_load(&fs->pt.opens),
-                        kfs_ring_state(fs, how, sizeof(how)), (uint64_t)atomic_load(&fs->ring_requests),
+                        s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark,
+                        json_str(fs->o.index_path, jindex, sizeof(jindex)), json_str(fs->o.backing, jbacking, sizeof(jbacking)),
+                        json_str(kfs_pt_state(fs, why, sizeof(why)), jpt, sizeof(jpt)), (uint64_t)atomic_load(&fs->pt.opens),
+                        json_str(kfs_ring_state(fs, how, sizeof(how)), jhow, sizeof(jhow)), (uint64_t)atomic_load(&fs->ring_requests),
                         ec.helped_writes, ec.blocked_writes,
                         ec.descents, s.db_bytes + s.wal_bytes, s.wal_bytes,
                         kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens), ec.refetches, ec.refetch_bytes,
-                        ec.suggested_max_bytes, ec.refused_writes, ec.refused_need_bytes);
+                        ec.suggested_max_bytes, ec.refused_writes, ec.refused_need_bytes, live, detached,
+                        (uint64_t)atomic_load(&fs->kprune.sent));
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -88,7 +120,8 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
         kidx_get_stats(fs->idx, &s);
         struct kev_counts ec;
         kev_counts(fs, &ec);
-        uint64_t max = fs->o.max_size;
+        uint64_t max = fs->o.max_size, live, detached;
+        inode_counts(fs, &live, &detached);
         if (!strcmp(n, "stats"))
                 return stats_json(fs, buf, size);
         if (!strcmp(n, "version"))
@@ -115,6 +148,8 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "refetches", ec.refetches }, { "refetch_bytes", ec.refetch_bytes },
                 { "suggested_max_bytes", ec.suggested_max_bytes }, { "refused_writes", ec.refused_writes },
                 { "refused_need_bytes", ec.refused_need_bytes },
+                { "inodes", live }, { "detached_inodes", detached },
+                { "pruned_names", atomic_load(&fs->kprune.sent) },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

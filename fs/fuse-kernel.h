@@ -1,6 +1,6 @@
-/* fuse-kernel.h: the parts of the kernel's FUSE protocol (linux/fuse.h 7.42) that the daemon speaks
+/* fuse-kernel.h: the parts of the kernel's FUSE protocol (linux/fuse.h 7.45) that the daemon speaks
  * itself, because Debian 12's headers and libfuse 3.14 predate them: INIT's newer fields, passthrough
- * (7.40) and io_uring (7.42). Prefix fk_ / FK_. */
+ * (7.40), io_uring (7.42) and the prune notification (7.45). Prefix fk_ / FK_. */
 #pragma once
 
 #include <stdint.h>
@@ -13,6 +13,13 @@
 #define FK_FOPEN_DIRECT_IO (1u << 0)
 #define FK_FOPEN_KEEP_CACHE (1u << 1)
 #define FK_FOPEN_PASSTHROUGH (1u << 7)
+
+#define FK_NOTIFY_PRUNE 9                         /* notify code (7.45) */
+
+struct fk_notify_prune_out { /* followed by count node ids (uint64_t) */
+        uint32_t count, padding;
+        uint64_t spare;
+};
 
 struct fk_in_header {
         uint32_t len, opcode;

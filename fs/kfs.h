@@ -183,6 +183,17 @@ struct kfs {
                 uint64_t init_unique;
                 bool offers_pt, offers_ring; /* what INIT offered */
         } devio;
+        struct {                  /* the kernel forgets evicted names (kprune.c) */
+                _Atomic bool on;  /* the kernel takes FUSE_NOTIFY_PRUNE */
+                char why[160];    /* why not, if not */
+                _Atomic uint64_t sent; /* node ids sent since mount */
+                pthread_mutex_t lock; /* a leaf */
+                pthread_cond_t cond;
+                uint64_t *later;  /* ids to prune a moment from now (kfs_kprune_later); lock */
+                size_t n, cap;    /* lock */
+                bool started, stop; /* its thread; lock */
+                pthread_t thread;
+        } kprune;
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
@@ -393,6 +404,17 @@ bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 void kfs_flock_stop(struct kfs *fs);
 /* Closes a handle's backing fd at RELEASE, and forgets the lock it held. */
 void kfs_flock_close(struct kfs *fs, int fd);
+
+/* kprune.c */
+/* At INIT: whether the kernel (its FUSE protocol's minor version) can prune. */
+void kfs_kprune_init(struct kfs *fs, unsigned kernel_minor);
+/* Asks the kernel to drop the unused dentries of inodes ids (FUSE node ids), so that it forgets those it
+ * no longer needs. No lock of ours held; never blocks on a directory. */
+void kfs_kprune(struct kfs *fs, const uint64_t *ids, size_t n);
+/* The same for one id, a moment from now, from a thread of kprune.c (after a last close). */
+void kfs_kprune_later(struct kfs *fs, uint64_t id);
+/* At unmount, before the session goes: ends that thread. */
+void kfs_kprune_stop(struct kfs *fs);
 
 /* devio.c */
 /* After the session is mounted (and kfs_pt_setup): installs our device I/O unless nothing needs it. */

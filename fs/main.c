@@ -514,6 +514,8 @@ static int init_root(struct kfs *fs)
         pthread_cond_init(&fs->settle.cond, NULL);
         kmap_init(&fs->settle.queue);
         pthread_mutex_init(&fs->flock.lock, NULL);
+        pthread_mutex_init(&fs->kprune.lock, NULL);
+        pthread_cond_init(&fs->kprune.cond, NULL);
         pthread_cond_init(&fs->flock.cond, NULL);
         kmap_init(&fs->itable);
         kmap_init(&fs->detached);
@@ -652,6 +654,7 @@ int main(int argc, char *argv[])
 out_unmount:
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */
         kev_stop(&fs);
+        kfs_kprune_stop(&fs);
         kfs_flock_stop(&fs); /* its waiters' replies may go through the rings */
         kfs_ring_stop(&fs);
         kev_reap_stop(&fs); /* after the last request: none can evict any more */

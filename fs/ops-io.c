@@ -45,14 +45,17 @@ static bool is_writer(int flags)
         return (flags & O_ACCMODE) != O_RDONLY;
 }
 
-static void count_open(struct kfs *fs, struct kfs_inode *in, bool writer, int delta)
+/* Returns true when this closed the last open of an evicted file (its name may now be pruned). */
+static bool count_open(struct kfs *fs, struct kfs_inode *in, bool writer, int delta)
 {
         pthread_mutex_lock(&fs->itable_lock);
         if (writer)
                 in->writers += delta;
         else
                 in->readers += delta;
+        bool last = delta < 0 && !in->readers && !in->writers && atomic_load(&in->evicted);
         pthread_mutex_unlock(&fs->itable_lock);
+        return last;
 }
 
 /* Re-reads the file through fd (or its O_PATH fd if -1), accounts it (T3), and says whether the kernel
@@ -404,6 +407,8 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 kfs_flock_close(fs, (int)(uint32_t)fi->fh);
         }
         kfs_pt_release(fs, in, pt);
-        count_open(fs, in, is_writer(fi->flags), -1);
+        bool evicted = count_open(fs, in, is_writer(fi->flags), -1);
         fuse_reply_err(req, 0);
+        if (evicted) /* the kernel may forget it now (kprune.c); in may be freed once replied */
+                kfs_kprune_later(fs, ino);
 }

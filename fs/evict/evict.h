@@ -101,7 +101,10 @@
  * setattr and open answer ESTALE, on which the VFS repeats the lookup with LOOKUP_REVAL and finds the name
  * gone (stat: ENOENT; open with O_CREAT: a new file). Open handles are unaffected. Since the kernel may
  * keep such an inode cached for long, its O_PATH fd is re-pointed at an anonymous placeholder so that the
- * backing filesystem frees the blocks now, not when the kernel gets round to forgetting it.
+ * backing filesystem frees the blocks now, not when the kernel gets round to forgetting it. Last, the
+ * kernel is asked to drop the victims' names where nobody uses them (FUSE_NOTIFY_PRUNE, which takes no
+ * directory lock: fs/kprune.c), so that it forgets their inodes and the daemon frees what it kept for
+ * them: memory follows the cache, not the number of evictions.
  *
  * INODE REUSE. Files are keyed by inode number, and a filesystem such as ext4 gives a freed number to the
  * next new file at once. So every removal keeps an O_PATH fd on the removed inode until the index has

@@ -84,7 +84,7 @@ struct seen_set {
 /* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
  * are released. */
 struct notify_list {
-        struct { fuse_ino_t ino; bool dir; } *items;
+        struct { fuse_ino_t ino; bool dir, gone; } *items; /* gone: evicted or pruned (kprune.c) */
         size_t n;
 };
 

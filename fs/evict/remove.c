@@ -26,6 +26,7 @@ void kev_note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in
         nl->items[nl->n].ino = in == &fs->root ? FUSE_ROOT_ID : (fuse_ino_t)(uintptr_t)in;
         /* directories (their cached listing) and live files (content rewritten by a repair) drop their
          * pages too; an evicted file only its attributes */
+        nl->items[nl->n].gone = atomic_load(&in->evicted) && in != &fs->root;
         nl->items[nl->n++].dir = S_ISDIR(in->type) || !atomic_load(&in->evicted);
 }
 
@@ -33,8 +34,16 @@ void kev_note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in
  * lives in its page cache): see TELLING THE KERNEL. */
 void kev_notify_all(struct kfs *fs, struct notify_list *nl)
 {
+        size_t gone = 0;
         for (size_t i = 0; i < nl->n; i++)
                 (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->items[i].ino, nl->items[i].dir ? 0 : -1, 0);
+        /* Then their names go from the kernel's cache, where nobody uses them (kprune.c). */
+        uint64_t *ids = nl->n ? malloc(nl->n * sizeof(*ids)) : NULL;
+        for (size_t i = 0; ids && i < nl->n; i++)
+                if (nl->items[i].gone)
+                        ids[gone++] = nl->items[i].ino;
+        kfs_kprune(fs, ids, gone);
+        free(ids);
         free(nl->items);
         nl->items = NULL;
         nl->n = 0;
