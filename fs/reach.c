@@ -44,7 +44,7 @@
 /* "uid 1001 (bob)" or "root" */
 static void owner_name(uid_t uid, char *buf, size_t len)
 {
-        struct passwd *pw = getpwuid(uid);
+        struct passwd *pw = uid == 0 ? NULL : getpwuid(uid);
         if (uid == 0)
                 snprintf(buf, len, "root");
         else if (pw)
