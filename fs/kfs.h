@@ -107,6 +107,9 @@ struct kfs_opts {
         double tmp_age;           /* seconds after which a runtime's temporary file counts as leaked */
         unsigned grace_ms;        /* files accessed this recently are never evicted */
         unsigned inode_fds;       /* -o inode_fds=: idle inodes' descriptors kept open; 0: half RLIMIT_NOFILE */
+        int tighten;              /* -o tighten: close the backing's parent to others where safe (reach.c) */
+        int allow_other;          /* -o allow_other given: a shared mount (kept for libfuse) */
+        int default_permissions;  /* -o default_permissions given (kept for libfuse) */
         int show_help, show_version;
 };
 
@@ -302,6 +305,14 @@ int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int
 /* With allow_other and a root daemon, gives a new object to the caller (uid, and gid unless setgid dir):
  * the file open as fd, or dir/name when fd is -1. */
 int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name, int fd);
+/* Whether only root and UID can reach PATH (absolute, resolved; WHAT names it in messages) by its path
+ * (reach.c: P1-P3). SELF_COUNTS: PATH's own mode may be the one that denies search (an index's directory;
+ * never the backing root, whose mode is the mount root's). TIGHTEN: close PATH's parent (SELF_COUNTS: PATH)
+ * where that is safe, never one that holds KEEP_OPEN (a shared mount point; NULL: none). 0: nobody else
+ * reaches it, and *RET_NOTE (or NULL) says what -o tighten changed; -EACCES: others do, or -errno: it could
+ * not be examined, and *RET_WHY says which directory and the fix, in one line. Both are the caller's. */
+int kfs_reach_check(const char *what, const char *path, bool self_counts, uid_t uid, bool tighten,
+                    const char *keep_open, char **ret_note, char **ret_why);
 int kfs_parse_size(const char *s, uint64_t *ret);
 int kfs_parse_pins(const char *s, char ***ret);
 /* Parses ARGS into O (operands: the backing directory; -o options; -h, -V). -EINVAL on a bad option. */

@@ -68,6 +68,9 @@ static void usage(const char *prog)
                "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
                "    -o flush_ms=MS          how often the access log is committed; default 1000\n"
                "    -o rebuild              reconcile the index with BACKING_DIR at mount\n"
+               "    -o tighten              where no directory above BACKING_DIR keeps other users out, close\n"
+               "                            its parent (chmod go-rwx) when that is safe, instead of refusing\n"
+               "                            to mount: owned by the daemon's user, not /, not shared like /tmp\n"
                "    -o nopassthrough        never let the kernel read files directly from BACKING_DIR (kernel\n"
                "                            passthrough, used for read-only opens when the daemon runs as root\n"
                "                            on Linux 6.9+); reads then go through the FUSE page cache\n"
@@ -397,6 +400,37 @@ static int take_index_lock(struct kfs_opts *o, int *ret_fd)
         return 0;
 }
 
+/* Only root and the daemon's user may reach the backing directory, and the index when it lies outside it,
+ * by their paths (reach.c says why and how). Last of the checks: -o tighten may change a directory, and
+ * bad input must change nothing. */
+static int check_reach(const struct kfs_opts *o)
+{
+        char *note = NULL, *why = NULL;
+        const char *shared = o->allow_other ? o->mountpoint : NULL;
+        int r = kfs_reach_check("backing directory", o->backing, false, geteuid(), o->tighten, shared, &note, &why);
+        if (r == 0 && o->index_path) {
+                char *dir = strdup(o->index_path), *slash = dir ? strrchr(dir, '/') : NULL;
+                if (!slash) {
+                        free(dir);
+                        return fail("out of memory");
+                }
+                slash[slash == dir] = '\0'; /* "/x.db": "/" */
+                if (note)
+                        fprintf(stderr, "kcachefs: %s\n", note);
+                free(note);
+                note = NULL;
+                r = kfs_reach_check("index directory", dir, true, geteuid(), o->tighten, shared, &note, &why);
+                free(dir);
+        }
+        if (r < 0)
+                fail("%s", why ? why : strerror(-r));
+        else if (note)
+                fprintf(stderr, "kcachefs: %s\n", note);
+        free(note);
+        free(why);
+        return r < 0;
+}
+
 /* Forks; the parent waits for the child's verdict on a pipe and exits with it. Returns the write end. */
 static int detach(void)
 {
@@ -559,8 +593,21 @@ int main(int argc, char *argv[])
                 fail("invalid options (see --help)");
                 goto out_args;
         }
-        if (check_opts(&fs.o, cmd.mountpoint) || check_fuse_opts(&args) || check_not_mounted(fs.o.mountpoint))
+        /* A shared mount: the daemon checks no permission itself (it serves every request as root), so the
+         * kernel must (default_permissions); and nobody's file may be a setuid program or a device node for
+         * the others (nosuid,nodev; mount(8) passes "suid,dev" for fstab's "defaults"). Added last: libfuse
+         * takes the last of suid/nosuid and of dev/nodev. */
+        if (fs.o.allow_other && ((!fs.o.default_permissions && fuse_opt_add_arg(&args, "-odefault_permissions") < 0) ||
+                                 fuse_opt_add_arg(&args, "-onosuid,nodev") < 0)) {
+                fail("out of memory");
                 goto out_args;
+        }
+        if (check_opts(&fs.o, cmd.mountpoint) || check_fuse_opts(&args) || check_not_mounted(fs.o.mountpoint) ||
+            check_reach(&fs.o))
+                goto out_args;
+        if (fs.o.allow_other && !fs.o.default_permissions)
+                fprintf(stderr, "kcachefs: allow_other: default_permissions added: kcachefs checks no permissions "
+                                "itself, so the kernel must\n");
 
         if (!cmd.foreground && (ready_fd = detach()) < 0) {
                 fail("cannot detach: %s", strerror(-ready_fd));

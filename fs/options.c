@@ -92,7 +92,7 @@ void kfs_free_opts(struct kfs_opts *o)
         free(o->layouts);
 }
 
-enum { KEY_HELP, KEY_VERSION };
+enum { KEY_HELP, KEY_VERSION, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
 
 #define OPT(t, f) { t, offsetof(struct kfs_opts, f), 1 }
 static const struct fuse_opt kfs_optspec[] = {
@@ -113,6 +113,10 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("nouring", nouring),
         FUSE_OPT_KEY("uring", FUSE_OPT_KEY_DISCARD), /* the default, accepted where said explicitly */
         OPT("rebuild", rebuild),
+        OPT("tighten", tighten),
+        /* libfuse's, noted and passed on: a shared mount gets default_permissions,nosuid,nodev (main.c) */
+        FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
+        FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),
         FUSE_OPT_KEY("-h", KEY_HELP),
         FUSE_OPT_KEY("--help", KEY_HELP),
         FUSE_OPT_KEY("-V", KEY_VERSION),
@@ -139,6 +143,12 @@ static int opt_proc(void *data, const char *arg, int key, struct fuse_args *outa
         case KEY_VERSION:
                 o->show_version = 1;
                 return 0;
+        case KEY_ALLOW_OTHER:
+                o->allow_other = 1;
+                return 1;
+        case KEY_DEFAULT_PERMISSIONS:
+                o->default_permissions = 1;
+                return 1;
         default:
                 return 1;
         }

@@ -308,15 +308,28 @@ def mount_ext4(path, size="256m", extra="noatime"):
     subprocess.run(["mount", "-t", "ext4", "-o", f"loop,{extra}", img, path], check=True)
 
 
+def private_dir(d, owner=None):
+    """D/private: mode 0700, owned by root (or the passwd entry OWNER), where backing directories and
+    indexes go. kcachefs refuses a backing directory that other users can reach by its path (fs/reach.c);
+    mount points stay in D, which other users can traverse."""
+    p = os.path.join(d, "private" if owner is None else f"private-{owner.pw_name}")
+    os.makedirs(p, mode=0o700, exist_ok=True)
+    os.chmod(p, 0o700)
+    if owner is not None:
+        os.chown(p, owner.pw_uid, owner.pw_gid)
+    return p
+
+
 @pytest.fixture
 def kfs(workdir):
-    """Factory: kfs(opts) -> a started Mount with its backing directory on a noatime tmpfs."""
+    """Factory: kfs(opts) -> a started Mount with its backing directory on a noatime tmpfs, inside
+    workdir's private directory (private_dir); the mount point beside it, reachable by every user."""
     d, cleanup = workdir
     made = []
 
     def make(opts=None, start=True, tmpfs_size="256m", index=None, fs="tmpfs"):
         i = len(made)
-        backing = os.path.join(d, f"backing{i}")
+        backing = os.path.join(private_dir(d), f"backing{i}")
         mnt = os.path.join(d, f"mnt{i}")
         (mount_ext4 if fs == "ext4" else mount_tmpfs)(backing, tmpfs_size)
         os.chmod(backing, 0o755)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, kcachefs_bin, wait_for
+from conftest import ROOT, kcachefs_bin, private_dir, wait_for
 
 CONTRIB = os.path.join(ROOT, "contrib")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting through mount(8) needs root")
@@ -41,13 +41,19 @@ def test_fstab_line_mounts_through_mount_fuse3(workdir, installed_binary):
     line = next(l for l in open(os.path.join(CONTRIB, "fstab.example")) if l.strip() and not l.startswith("#"))
     backing, mnt, fstype, opts, _, _ = line.split()
     assert fstype == "fuse.kcachefs"
-    backing, mnt = os.path.join(d, "fb"), os.path.join(d, "fm")
+    backing, mnt = os.path.join(private_dir(d), "fb"), os.path.join(d, "fm")
     os.makedirs(backing)
     os.makedirs(mnt)
     cleanup.insert(0, mnt)
     subprocess.run(["mount", "-t", fstype, "-o", opts, backing, mnt], check=True, capture_output=True)
     wait_for(lambda: os.path.ismount(mnt), what="mount")
     assert size_of(mnt) == 50 << 30
+    # The line is safe as written: a shared mount, checked by the kernel, with no setuid file or device.
+    assert {"allow_other", "default_permissions"} <= set(opts.split(","))
+    with open("/proc/self/mountinfo") as f:
+        info = next(l.split() for l in f if l.split()[4] == mnt)
+    assert {"nosuid", "nodev"} <= set(info[5].split(",")), info
+    assert {"allow_other", "default_permissions"} <= set(info[-1].split(",")), info
     with open(os.path.join(mnt, "x"), "w") as f:
         f.write("through fstab")
     subprocess.run(["umount", mnt], check=True)
@@ -56,7 +62,9 @@ def test_fstab_line_mounts_through_mount_fuse3(workdir, installed_binary):
 
 def systemd_expand(cmd, env, mountpoint):
     cmd = cmd.replace("%f", mountpoint)
-    return [re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], w) for w in shlex.split(cmd)]
+    # ${VAR} is the variable's value, $$ a shell's $
+    return [re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m.group(0) == "$$" else env[m.group(1)], w)
+            for w in shlex.split(cmd)]
 
 
 @needs_root
@@ -67,9 +75,15 @@ def test_systemd_unit_command_lines(workdir):
     env = dict(re.findall(r"^Environment=(\w+)=(.*)$", unit, re.M))
     assert {"ExecStartPre", "ExecStart", "ExecStop"} <= set(keys)
     mnt = os.path.join(d, "unit-mnt")
-    env["KCACHEFS_BACKING"] = os.path.join(d, "unit-backing")  # as /etc/kcachefs/<instance>.env would set
+    # The default backing directory is one per instance (%i: the escaped mount point), not the mount point
+    # appended to a path (%f gave /var/cache/kcachefs/backing/var/cache/kcachefs/mnt).
+    assert env["KCACHEFS_BACKING"] == "/var/cache/kcachefs/private/%i"
+    env["KCACHEFS_BACKING"] = os.path.join(d, "unit", "backing")  # as /etc/kcachefs/<instance>.env would set
     cleanup.insert(0, mnt)
     subprocess.run(systemd_expand(keys["ExecStartPre"], env, mnt), check=True)
+    # The backing's parent is made closed: only root reaches the backing directory.
+    assert os.stat(os.path.join(d, "unit")).st_mode & 0o7777 == 0o700
+    assert os.path.isdir(env["KCACHEFS_BACKING"]) and os.path.isdir(mnt)
     start = systemd_expand(keys["ExecStart"].replace("@SBINDIR@/kcachefs", kcachefs_bin()), env, mnt)
     # Type=notify, in the foreground: systemd keeps its stderr (the journal) and waits for READY=1.
     assert re.search(r"^Type=notify$", unit, re.M) and "-f" in start
@@ -98,7 +112,7 @@ def test_systemd_unit_command_lines(workdir):
 @needs_root
 def test_job_prolog_mounts_once_without_shared_runtime_dirs(workdir):
     d, cleanup = workdir
-    env = dict(os.environ, KCACHEFS_BACKING=os.path.join(d, "pb"), KCACHEFS_MOUNT=os.path.join(d, "pm"),
+    env = dict(os.environ, KCACHEFS_BACKING=os.path.join(d, "node", "pb"), KCACHEFS_MOUNT=os.path.join(d, "pm"),
                KCACHEFS_BIN=os.path.abspath(kcachefs_bin()), KCACHEFS_OPTIONS="max_size=1G,allow_other")
     cleanup.insert(0, env["KCACHEFS_MOUNT"])
     prolog = os.path.join(CONTRIB, "hpc", "prolog-kcachefs.sh")

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from conftest import Mount, kcachefs_bin, mount_tmpfs
+from conftest import Mount, kcachefs_bin, mount_tmpfs, private_dir
 
 
 def run(*args):
@@ -152,7 +152,7 @@ def test_index_in_use_by_another_daemon(kfs, workdir):
 
 def test_index_elsewhere_and_on_read_only_place(kfs, workdir):
     d, cleanup = workdir
-    idxdir = os.path.join(d, "idx")
+    idxdir = os.path.join(private_dir(d), "idx")
     os.makedirs(idxdir)
     m = kfs(index=os.path.join(idxdir, "cache.db"))
     with open(m.path("x"), "w") as f:

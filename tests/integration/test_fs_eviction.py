@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, backing_files, wait_for
+from conftest import ROOT, backing_files, private_dir, wait_for
 
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build"), "kcache")
 
@@ -367,9 +367,9 @@ def test_the_descent_waits_out_the_grace_period_instead_of_running_on_every_writ
 def test_backing_filesystem_full_evicts_and_retries(kfs, workdir):
     # A backing disk smaller than max_size: its own ENOSPC triggers eviction and one retry, so writes go
     # on succeeding as long as there is something to evict. (The index is elsewhere: it needs room too.)
-    d, _ = workdir
-    os.makedirs(os.path.join(d, "idx"))
-    m = kfs({"max_size": "64M", "grace_ms": "0"}, tmpfs_size="2m", index=os.path.join(d, "idx", "i.db"))
+    idx = os.path.join(private_dir(workdir[0]), "idx")
+    os.makedirs(idx)
+    m = kfs({"max_size": "64M", "grace_ms": "0"}, tmpfs_size="2m", index=os.path.join(idx, "i.db"))
     for i in range(24):  # 24 x 256 KiB = 6 MiB through a 2 MiB disk
         with open(m.path(f"f{i}"), "wb") as f:
             f.write(bytes([i]) * 256 * K)

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import ensure_user, kcachefs_bin, wait_for
+from conftest import ensure_user, kcachefs_bin, private_dir, wait_for
 
 PT = {"nopassthrough": False}  # passthrough on, whatever KCACHEFS_MOUNT_OPTS says
 
@@ -162,7 +162,7 @@ def test_a_file_read_through_passthrough_frees_its_blocks_when_it_goes(ptmount, 
 def test_an_unprivileged_daemon_runs_without_passthrough(kfs, workdir):
     u = ensure_user("kcpt")
     d, cleanup = workdir
-    backing, mnt = os.path.join(d, "ub"), os.path.join(d, "um")
+    backing, mnt = os.path.join(private_dir(d, u), "ub"), os.path.join(d, "um")
     for p in (backing, mnt):
         os.makedirs(p)
         os.chown(p, u.pw_uid, u.pw_gid)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import abort_test_mounts, kcachefs_bin, wait_for
+from conftest import abort_test_mounts, kcachefs_bin, private_dir, wait_for
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
@@ -256,7 +256,7 @@ def test_a_tasks_limit_that_leaves_a_queue_without_a_thread_falls_back(workdir):
     seen = set()
     try:
         for limit in range(3, 3 + 3 * RING_THREADS_PER_CPU * len(os.sched_getaffinity(0))):
-            b, m = os.path.join(d, f"b{limit}"), os.path.join(d, f"m{limit}")
+            b, m = os.path.join(private_dir(d), f"b{limit}"), os.path.join(d, f"m{limit}")
             os.makedirs(b)
             os.makedirs(m)
             with open(os.path.join(cg, "pids.max"), "w") as f:
