@@ -235,10 +235,13 @@ def test_users_cannot_write_into_the_backing_directory_the_prolog_makes(workdir,
     subprocess.run([os.path.join(ROOT, "contrib", "hpc", "prolog-kcachefs.sh")], env=env, check=True,
                    capture_output=True, timeout=60)
     wait_for(lambda: os.path.ismount(env["KCACHEFS_MOUNT"]), what="mount")
-    # Through the mount: yes, in the runtimes' sticky directories; straight into the backing: no.
-    assert as_user(bob, "open(sys.argv[1], 'wb').write(b'x' * 4096)",
-                   os.path.join(env["KCACHEFS_MOUNT"], "neo", "ok")) == 0
-    behind = os.path.join(env["KCACHEFS_BACKING"], "neo", "big")
+    # Through the mount: yes, in his own directory (users/<uid>, which the daemon makes); straight into the
+    # backing: no.
+    assert as_user(bob, "home = os.getxattr(sys.argv[1], 'user.kcachefs.home').decode()\n"
+                        "open(os.path.join(sys.argv[1], home, 'ok'), 'wb').write(b'x' * 4096)",
+                   env["KCACHEFS_MOUNT"]) == 0
+    assert os.path.exists(os.path.join(env["KCACHEFS_MOUNT"], "users", str(bob.pw_uid), "ok"))
+    behind = os.path.join(env["KCACHEFS_BACKING"], "users", str(bob.pw_uid), "big")
     assert as_user(bob, "open(sys.argv[1], 'wb').write(b'x' * (20 << 20))", behind) == errno.EACCES
     assert as_user(bob, "os.symlink('/etc/shadow', sys.argv[1])", behind) == errno.EACCES
     assert not os.path.lexists(behind)
