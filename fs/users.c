@@ -209,14 +209,31 @@ static void set_aside(struct kfs *fs, const struct ktree *t, int dfd, uint64_t d
                 r == 0 ? "" : " (refused while it stays)");
 }
 
+/* On a shared mount, users/ is made at mount, before any user can make a directory of that name in a
+ * root they may write (a 1777 root): one made by a user is refused (U1) and would deny everyone their
+ * directory until the next mount. A personal mount makes it only when asked, and its listing stays as
+ * it was. */
+static void make_container_now(struct kfs *fs, const struct ktree *t)
+{
+        struct stat st;
+        int fd = fs->o.allow_other ? open_container(fs, t, true, &st) : -1;
+        if (fd >= 0)
+                close(fd);
+}
+
 void kfs_users_check(struct kfs *fs)
 {
         struct ktree t;
         struct stat ust, st;
-        if (ktree_init_fd(&t, fs->tree.root) < 0 || ktree_stat(&t, KTREE_ROOT, KFS_USERS_DIR, &ust) < 0)
-                return; /* none: made at the first request */
+        if (ktree_init_fd(&t, fs->tree.root) < 0)
+                return;
+        if (ktree_stat(&t, KTREE_ROOT, KFS_USERS_DIR, &ust) < 0) {
+                make_container_now(fs, &t); /* else made at the first request */
+                return;
+        }
         if (!kfs_users_container_ok(&ust)) {
                 set_aside(fs, &t, KTREE_ROOT, fs->root.bino, KFS_USERS_DIR, &ust, KFS_USERS_DIR "/");
+                make_container_now(fs, &t);
                 return;
         }
         int ufd = open_container(fs, &t, false, &ust);

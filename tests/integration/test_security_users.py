@@ -135,23 +135,30 @@ def test_what_others_planted_is_never_followed_and_is_set_aside(shared, tmp_path
     kcache("verify", m.mnt)  # the index was told of every move and every directory made
 
 
-def test_a_users_container_made_by_a_user_is_refused_then_set_aside(shared):
-    """Before any user asked, Bob makes users/ through the writable root and waits for Alice: her kcache
-    env refuses to use it (U1), and the next mount sets it aside (U2)."""
+def test_a_users_container_is_never_a_users(shared):
+    """A shared mount makes users/ as it mounts, so Bob cannot make it first through the writable root (a
+    users/ of his would be refused, and nobody would get a directory until the next mount). One that is
+    not the daemon's own, left in the backing directory before the mount (U1), is set aside (U2) and a new
+    one made."""
     m, alice, bob = shared
     start_shared(m)
-    assert as_user(bob, "os.mkdir(sys.argv[1], 0o777); os.mkdir(sys.argv[2], 0o777)", m.path("users"),
-                   m.path("users", str(alice.pw_uid))) == 0
-    err = env_fails_as(alice, m.mnt, "pocl")
-    assert "directory of your own" in err, err
-    assert os.listdir(m.path("users", str(alice.pw_uid))) == []  # nothing of hers went in
-    m.stop()
-    m.start()
+    assert mode_owner(m.path("users")) == (0o711, 0)
+    assert as_user(bob, "os.mkdir(sys.argv[1], 0o777)", m.path("users")) == errno.EEXIST
+    assert as_user(bob, "os.mkdir(sys.argv[1], 0o777)", m.path("users", str(alice.pw_uid))) == errno.EACCES
     e = env_as(alice, m.mnt, "pocl")
     assert e["POCL_CACHE_DIR"] == m.path("users", str(alice.pw_uid), "pocl")
+    m.stop()
+    os.rename(os.path.join(m.backing, "users"), os.path.join(m.backing, "users.old"))
+    os.mkdir(os.path.join(m.backing, "users"), 0o777)
+    os.chown(os.path.join(m.backing, "users"), bob.pw_uid, bob.pw_gid)
+    os.mkdir(os.path.join(m.backing, "users", str(alice.pw_uid)), 0o777)
+    m.opts["rebuild"] = True  # the files put behind its back are indexed
+    start_shared(m)
     assert mode_owner(m.path("users")) == (0o711, 0)
-    assert mode_owner(m.path("users", str(alice.pw_uid))) == (0o700, alice.pw_uid)
     assert [n for n in os.listdir(m.mnt) if n.startswith("users.untrusted-")]
+    e = env_as(alice, m.mnt, "pocl")
+    assert e["POCL_CACHE_DIR"] == m.path("users", str(alice.pw_uid), "pocl")
+    assert mode_owner(m.path("users", str(alice.pw_uid))) == (0o700, alice.pw_uid)
     kcache("verify", m.mnt)
 
 
