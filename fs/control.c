@@ -217,7 +217,8 @@ int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))
                 r = file_value(fs, in, n, buf, size);
-        else if (S_ISDIR(in->type) && !strcmp(n, "runtime") && kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) == 0 &&
+        else if (S_ISDIR(in->type) && !strcmp(n, "runtime") && kidx_flush(fs->idx) == 0 && /* its path as of now */
+                 kidx_dir_path(fs->idx, in->bino, rel, sizeof(rel)) == 0 &&
                  kev_markable(rel) && kev_mark_get(fs, rel) != KRT_AUTO)
                 r = snprintf(buf, size, "%s", krt_table[kev_mark_get(fs, rel)].name);
         else

@@ -501,6 +501,21 @@ void kfs_op_unlink(fuse_req_t req, fuse_ino_t parent, const char *name)
         fuse_reply_err(req, 0);
 }
 
+/* The key of a runtime mark on the directory name in dir (evict/marks.c): the name itself in the root,
+ * users/<uid>/name in a user's directory (whose owner is that uid: users.c, U1); false elsewhere, where no
+ * mark is kept. dfd is dir's descriptor. */
+static bool mark_key(struct kfs *fs, struct kfs_inode *dir, int dfd, const char *name, char *buf, size_t size)
+{
+        if (dir == &fs->root)
+                return snprintf(buf, size, "%s", name) < (int)size;
+        uint64_t users = atomic_load(&fs->users_ino);
+        struct stat up, self;
+        if (!users || dfd < 0 || fstatat(dfd, "..", &up, AT_SYMLINK_NOFOLLOW) < 0 || up.st_ino != users ||
+            up.st_dev != fs->tree.dev || fstat(dfd, &self) < 0)
+                return false;
+        return snprintf(buf, size, "%s/%u/%s", KFS_USERS_DIR, (unsigned)self.st_uid, name) < (int)size;
+}
+
 void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
         struct kfs *fs = kfs_of(req);
@@ -513,6 +528,8 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
         /* Held until its inode is marked: its number must not go to a new object before. */
         int hold = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, name, O_PATH | O_DIRECTORY, 0);
         int r = dfd < 0 ? dfd : ktree_unlink(&fs->tree, dfd, name, NULL, AT_REMOVEDIR);
+        char key[600];
+        bool marked = r == 0 && mark_key(fs, dir, dfd, name, key, sizeof(key));
         kfs_inode_fd_put(fs, dir, dfd);
         struct stat st;
         if (r == 0 && hold >= 0 && fstat(hold, &st) == 0) { /* its struct is a removed object's (inode.c) */
@@ -529,8 +546,8 @@ void kfs_op_rmdir(fuse_req_t req, fuse_ino_t parent, const char *name)
                 return;
         }
         kidx_del_dent(fs->idx, dir->bino, name);
-        if (dir == &fs->root)
-                kev_mark_moved(fs, name, NULL); /* (evict/marks.c) */
+        if (marked)
+                kev_mark_moved(fs, key, NULL); /* (evict/marks.c) */
         fuse_reply_err(req, 0);
 }
 
@@ -573,6 +590,9 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         kfs_names_unlock(fs, od->bino, nd->bino);
         if (moved == 0 && !replaced && !exchange && S_ISREG(src.st_mode)) /* stored by temp and rename */
                 kev_miss_made(fs, nfd, newname); /* (evict/misses.c) */
+        char okey[600], nkey[600]; /* where a runtime's mark may be kept (evict/marks.c) */
+        bool omark = moved == 0 && S_ISDIR(src.st_mode) && mark_key(fs, od, ofd, name, okey, sizeof(okey));
+        bool nmark = moved == 0 && mark_key(fs, nd, nfd, newname, nkey, sizeof(nkey));
         kfs_inode_fd_put(fs, nd, nfd);
         kfs_inode_fd_put(fs, od, ofd);
         if (moved < 0) {
@@ -588,10 +608,10 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
                 return;
         }
         /* A runtime's directory takes its mark along; one it replaced loses its own (evict/marks.c). */
-        if (nd == &fs->root && (replaced || swapped) && S_ISDIR(dst.st_mode))
-                kev_mark_moved(fs, newname, NULL);
-        if (od == &fs->root && S_ISDIR(src.st_mode))
-                kev_mark_moved(fs, name, nd == &fs->root && !exchange ? newname : NULL);
+        if (nmark && (replaced || swapped) && S_ISDIR(dst.st_mode))
+                kev_mark_moved(fs, nkey, NULL);
+        if (omark)
+                kev_mark_moved(fs, okey, nmark && !exchange ? nkey : NULL);
         kfs_inode_moved(fs, src.st_ino, nd, newname); /* where it reopens (inode.c, DESCRIPTORS) */
         if (swapped)
                 kfs_inode_moved(fs, dst.st_ino, od, name);

@@ -224,6 +224,14 @@ def test_marks_in_a_users_directory_make_that_runtimes_rules_apply(shared):
     assert os.getxattr(numba, "user.kcachefs.runtime") == b"numba"
     kcache("evict", os.path.join(numba, "d", "7.src"))
     assert os.listdir(os.path.join(numba, "d")) == ["7_access_time.txt"]
+    # Renamed by its owner, the directory takes its mark along; removed, it loses it.
+    assert as_user(alice, "os.rename(sys.argv[1], sys.argv[2])", numba, numba + "2") == 0
+    assert os.getxattr(numba + "2", "user.kcachefs.runtime") == b"numba"
+    assert as_user(alice, "os.mkdir(sys.argv[1])", numba) == 0
+    with pytest.raises(OSError):
+        os.getxattr(numba, "user.kcachefs.runtime")  # a new directory of the old name: no mark
+    assert as_user(alice, "os.rmdir(sys.argv[1]); os.rename(sys.argv[2], sys.argv[1])", numba, numba + "2") == 0
+    assert os.getxattr(numba, "user.kcachefs.runtime") == b"numba"
     # Bob's mark on a directory of his does not reach Alice's, nor his plain directory's files.
     assert as_user(bob, "os.setxattr(sys.argv[1], 'user.kcachefs.runtime', b'numba')", numba) in (errno.EACCES,
                                                                                                 errno.EPERM)
