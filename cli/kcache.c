@@ -205,7 +205,8 @@ static int kc_stats(int argc, char **argv)
                         { "wal_bytes", "gauge" }, { "inode_fds", "gauge" }, { "fd_reopens", "counter" },
                         { "refetches", "counter" }, { "refetch_bytes", "counter" },
                         { "suggested_max_bytes", "gauge" }, { "refused_writes", "counter" },
-                        { "refused_need_bytes", "gauge" },
+                        { "refused_need_bytes", "gauge" }, { "inodes", "gauge" }, { "detached_inodes", "gauge" },
+                        { "pruned_names", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -250,6 +251,9 @@ static int kc_stats(int argc, char **argv)
                 putchar('\n');
                 printf("descriptors %" PRIu64 " held for inodes, %" PRIu64 " reopened since mount\n",
                        kc_num(mount, "inode_fds"), kc_num(mount, "fd_reopens"));
+                printf("inodes      %" PRIu64 " the kernel knows, %" PRIu64 " of them evicted and not yet forgotten; "
+                       "%" PRIu64 " evicted names pruned from its cache\n",
+                       kc_num(mount, "inodes"), kc_num(mount, "detached_inodes"), kc_num(mount, "pruned_names"));
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
                 if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */
                         kc_human(kc_num(mount, "refetch_bytes"), a, sizeof(a));
