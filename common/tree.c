@@ -154,6 +154,22 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
         return walk_components(t, dfd, rel, flags, mode);
 }
 
+int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)
+{
+        int fd = ktree_open(t, dfd, rel, flags | O_NONBLOCK, mode);
+        if (fd < 0)
+                return fd; /* a FIFO opened O_WRONLY with no reader: -ENXIO already */
+        struct stat st;
+        int r = fstat(fd, &st) < 0 ? -errno : S_ISREG(st.st_mode) ? 0 : -ENXIO;
+        if (r == 0 && !(flags & O_NONBLOCK) && fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) < 0)
+                r = -errno;
+        if (r < 0) {
+                close(fd);
+                return r;
+        }
+        return fd;
+}
+
 int ktree_stat(const struct ktree *t, int dfd, const char *rel, struct stat *st)
 {
         int fd = ktree_open(t, dfd, rel, O_PATH, 0);

@@ -53,6 +53,12 @@ void ktree_close(struct ktree *t);
  * -EXDEV: REL climbs out or crosses a mount; other -errno as openat(2). */
 #define KTREE_ROOT (-100)
 int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode);
+/* ktree_open for the daemon's own use of a file that a user named (a runtime's lock or size file, a lock
+ * file it may reap): a regular file only. Opened with O_NONBLOCK, so that a FIFO a user put there never
+ * blocks the daemon (open(2) of a FIFO waits for its other end, under whatever lock the caller holds);
+ * O_NONBLOCK is cleared again on the regular file returned. -ENXIO: not a regular file (a FIFO, a socket,
+ * a device); other -errno as ktree_open. */
+int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode);
 /* ktree_open(O_PATH) and fstat: the object itself, never a symlink's target. */
 int ktree_stat(const struct ktree *t, int dfd, const char *rel, struct stat *st);
 /* A directory stream on REL beneath DFD (ktree_open with O_RDONLY|O_DIRECTORY). NULL with errno set. */

@@ -115,7 +115,7 @@ static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char 
         if (dfd < 0)
                 return false;
         bool gone = false;
-        int fd = ktree_open(&fs->tree, dfd, name, O_RDONLY, 0);
+        int fd = ktree_open_file(&fs->tree, dfd, name, O_RDONLY, 0); /* a FIFO swapped in never blocks us */
         struct stat st;
         /* still that file, and no flock on it (through the mount or beside it): ours is dropped at close */
         if (fd >= 0 && fstat(fd, &st) == 0 && st.st_ino == in->bino && flock(fd, LOCK_EX | LOCK_NB) == 0) {

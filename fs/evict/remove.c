@@ -120,7 +120,7 @@ static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs,
         if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
                 return -1;
         int dfd = dc->fd[kev_dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
-        int fd = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
+        int fd = dfd < 0 ? -1 : ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
         if (fd < 0)
                 return -1;
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)

@@ -104,7 +104,7 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
                 return true; /* gone, or not the directory it was (R4): nothing to repair */
         bool done = true;
         if (rt == KRT_NEO) {
-                int fd = ktree_open(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
+                int fd = ktree_open_file(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
                 if (fd >= 0) {
                         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                                 neo_rewrite(fs, dfd, fd, nl);
@@ -116,7 +116,7 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
                 int lk = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL, 0200);
                 if (lk >= 0) {
                         struct stat ls;
-                        int fd = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC, 0);
+                        int fd = ktree_open_file(&fs->tree, dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC, 0);
                         if (fd >= 0) {
                                 char v[32];
                                 int n = snprintf(v, sizeof(v), "%llu",
@@ -176,7 +176,7 @@ static void *repairer_main(void *arg)
                 }
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 int dfd = kev_dirref_open(fs, &dir, O_PATH); /* R4: still the directory it was */
-                int fd = dfd < 0 ? -1 : ktree_open(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
+                int fd = dfd < 0 ? -1 : ktree_open_file(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
                 bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->ev->evict_lock);

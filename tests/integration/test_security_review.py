@@ -1,0 +1,85 @@
+"""Attacks found in review of the shared-mount work (docs/security.md): an ordinary user B against the
+other users of a node-wide mount (allow_other, default_permissions, root 1777, the daemon as root). Each
+test runs B and A as real accounts (runuser) and fails on the code that had the hole."""
+import errno
+import os
+import subprocess
+import time
+
+import pytest
+
+from conftest import ensure_user
+from test_security_multiuser import as_user
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+
+
+@pytest.fixture
+def shared(kfs):
+    def make(**opts):
+        o = {"allow_other": True, "default_permissions": True, "max_size": "8M", "grace_ms": "0"}
+        o.update(opts)
+        m = kfs(o)
+        os.chmod(m.mnt, 0o1777)
+        return m, ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
+    return make
+
+
+def unblock_fifo(path):
+    """Opens the FIFO at both ends without waiting, which lets a daemon stuck in open() of either go on
+    (and exit at unmount)."""
+    for flags in (os.O_RDONLY, os.O_WRONLY):
+        try:
+            os.close(os.open(path, flags | os.O_NONBLOCK))
+        except OSError:
+            pass
+
+
+WRITE = ("d = sys.argv[1]\n"
+         "os.makedirs(d, exist_ok=True)\n"
+         "for i in range(int(sys.argv[2])):\n"
+         "    with open(os.path.join(d, f'f{i}'), 'wb') as f:\n"
+         "        f.write(os.urandom(1 << 20))")
+
+
+def write_as(u, d, n, timeout):
+    """Writes N files of 1 MiB in D as U, within TIMEOUT seconds; returns the exit status or None."""
+    prog = "import os, sys\n" + WRITE
+    p = subprocess.Popen(["runuser", "-u", u.pw_name, "--", "/usr/bin/python3", "-c", prog, d, str(n)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        p.communicate(timeout=timeout)
+        return p.returncode
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        if p.poll() is None:
+            p.kill()
+            try:
+                p.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+@pytest.mark.parametrize("layout", ["jax", "sycl"])
+def test_a_fifo_where_a_runtime_keeps_a_lock_never_stops_eviction(shared, layout):
+    """B makes a JAX-like entry (k-cache beside a .lockfile) or a SYCL-like one (0.bin below a
+    cache_size.txt), with a FIFO as the .lockfile or cache_size.txt (mknod of a FIFO is allowed to anyone).
+    When eviction takes B's entry, it opens the lock (O_RDONLY) or rewrites the size file (O_WRONLY), under
+    evict_lock: a FIFO with no writer (reader) blocks that open forever, and every write of every user that
+    needs room waits behind it. A's writes, which need eviction, must go on."""
+    m, alice, bob = shared()
+    d = m.path("b-" + layout)
+    fifo = os.path.join(d, ".lockfile" if layout == "jax" else "cache_size.txt")
+    entry = ["k-cache", "k-atime"] if layout == "jax" else ["0.bin", "0.src", "0_access_time.txt"]
+    code = ("os.mkdir(sys.argv[1])\n"
+            "os.mkfifo(sys.argv[2])\n"
+            "for n in sys.argv[3:]:\n"
+            "    open(os.path.join(sys.argv[1], n), 'wb').write(os.urandom(1 << 20))")
+    assert as_user(bob, code, d, fifo, *entry) == 0
+    try:
+        # Twice the limit: B's entry, the oldest, is evicted early on.
+        assert write_as(alice, m.path("a"), 16, timeout=30) == 0, "A's writes hang behind B's FIFO"
+        assert not os.path.exists(os.path.join(d, entry[0]))
+    finally:
+        unblock_fifo(os.path.join(m.backing, "b-" + layout, os.path.basename(fifo)))
