@@ -350,11 +350,19 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                         const char *path = v.nnames ? v.names[0].path : NULL;
                         struct kev_unit u = { 0 };
                         if (r != 0 || !path || kev_unit_protected(fs, path, row->atime_ns, now) ||
-                            (r = kev_unit_resolve(fs, path, &u)) < 0) {
+                            ((r = kev_unit_resolve(fs, path, &u)) == -ENOMEM)) {
                                 kev_free_names(v.names, v.nnames);
                                 kev_unit_free(&u);
                                 r = r < 0 ? r : 0;
                                 continue;
+                        }
+                        if (r < 0) {
+                                /* A unit that cannot be gathered (a user's tree deeper than add_tree goes):
+                                 * its file goes alone. Passing the error up stopped every eviction while
+                                 * the file stayed the oldest: a denial of service to every writer. */
+                                kev_unit_free(&u);
+                                u.rt = KRT_FILE;
+                                r = 0;
                         }
                         if (u.rt == KRT_FILE) {
                                 if (kmap_get(&sset->files, v.ino)) { /* taken by an earlier pass */
