@@ -19,10 +19,6 @@
                     FASYNC | O_DIRECT | O_LARGEFILE | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_SYNC | \
                     __O_TMPFILE)
 
-#define OPEN_FLAGS (O_ACCMODE | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_APPEND | O_NONBLOCK | O_DSYNC | \
-                    FASYNC | O_DIRECT | O_LARGEFILE | O_DIRECTORY | O_NOFOLLOW | O_NOATIME | O_CLOEXEC | O_SYNC | \
-                    __O_TMPFILE)
-
 /* 1 once openat2 was seen to work, -1 once the kernel said ENOSYS; a benign race. */
 static int have_openat2;
 
@@ -133,8 +129,6 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
         dfd = base_of(t, dfd);
         if (!rel || !*rel)
                 rel = ".";
-        /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
-        flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
         /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
         flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
         flags |= O_NOFOLLOW | O_CLOEXEC;

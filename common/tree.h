@@ -14,7 +14,8 @@
  *   R3  never leaves the backing filesystem (no mount point is crossed: every object reached has the
  *       root's st_dev) and never climbs ("..", absolute paths: -EXDEV);
  *   R4  before it removes a name, checks that the name still holds the object the caller meant (device and
- *       inode), and answers -ESTALE when it does not.
+ *       inode), and answers -ESTALE when it does not (ktree_unlink says what that check can and cannot
+ *       exclude).
  * The kernel's openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV) does
  * R1-R3 in one call; where the kernel lacks it (before 5.6) a walk of single components with O_NOFOLLOW and
  * an st_dev check at each does the same. Deferred work (repairs, prunes) keeps identities, never paths, and
@@ -75,9 +76,13 @@ static inline bool ktree_same(const struct stat *a, const struct stat *b)
         return a->st_dev == b->st_dev && a->st_ino == b->st_ino;
 }
 
-/* One name NAME in directory DFD (no '/', not "." or ".."; -EINVAL otherwise). */
+/* The functions below take one name NAME in directory DFD (no '/', not "." or ".."; -EINVAL otherwise). */
+
 /* Removes NAME (AT_REMOVEDIR in FLAGS for a directory). When EXPECT is given, only if NAME holds that object
- * (R4): -ESTALE otherwise. */
+ * (R4): -ESTALE otherwise. The check and the removal are two calls: a rename into DFD between them is not
+ * seen, so callers that must exclude it hold the directory's name lock (fs/kfs.h, name_locks) around both,
+ * as every rename through the mount takes it; what the check excludes for good is removing an object the
+ * caller never meant through a path that changed before it (R1-R3 keep both calls inside the tree). */
 int ktree_unlink(const struct ktree *t, int dfd, const char *name, const struct stat *expect, int flags);
 /* Removes NAME only if it is still inode INO of the tree (R4, for callers that hold the index's number). */
 int ktree_unlink_ino(const struct ktree *t, int dfd, const char *name, uint64_t ino, int flags);

@@ -166,11 +166,17 @@ int kfs_users_home(fuse_req_t req, struct kfs *fs, char *buf, size_t size)
         int hfd = ktree_open(&t, ufd, name, O_RDONLY | O_DIRECTORY, 0);
         if (hfd == -ENOENT) {
                 r = make_home(fs, &t, ufd, &ust, name, uid, c->gid);
-                hfd = r < 0 && r != -EEXIST ? r : ktree_open(&t, ufd, name, O_RDONLY | O_DIRECTORY, 0);
+                if (r < 0 && r != -EEXIST) { /* a full disk, a quota: said as it is, nothing was planted */
+                        close(ufd);
+                        fprintf(stderr, "kcachefs: cannot make %s/%s for user %s: %s\n", KFS_USERS_DIR, name, name,
+                                strerror(-r));
+                        return r;
+                }
+                hfd = ktree_open(&t, ufd, name, O_RDONLY | O_DIRECTORY, 0);
         }
         close(ufd);
-        if (hfd < 0 && hfd != -ENOENT && hfd != -ENOMEM && hfd != -EMFILE)
-                hfd = -EPERM; /* a symlink, a file: planted (U1) */
+        if (hfd == -ELOOP || hfd == -ENOTDIR || hfd == -EXDEV)
+                hfd = -EPERM; /* a symlink, a file, another filesystem: planted (U1) */
         if (hfd >= 0 && (fstat(hfd, &st) < 0 || !kfs_users_home_ok(&st, uid))) {
                 close(hfd);
                 hfd = -EPERM;
