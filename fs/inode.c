@@ -423,7 +423,7 @@ uint64_t kfs_inode_fds_open(struct kfs *fs)
         return n;
 }
 
-static int open_errno(const char *path, int flags)
+int kfs_open_errno(const char *path, int flags)
 {
         int fd = open(path, flags);
         return fd < 0 ? -errno : fd;
@@ -437,7 +437,7 @@ int kfs_inode_open(struct kfs *fs, struct kfs_inode *in, int flags)
         char proc[64];
         kfs_proc_path(proc, sizeof(proc), pfd);
         int r;
-        KFS_RETRY_FDS(fs, r, open_errno(proc, flags));
+        KFS_RETRY_FDS(fs, r, kfs_open_errno(proc, flags));
         kfs_inode_fd_put(fs, in, pfd);
         return r;
 }
@@ -667,6 +667,39 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         return 0;
 }
 
+/* A directory's stamp outlives its inode for NAMED_KEEP_NS (far longer than any grace of prune.c); the
+ * map is swept of older stamps whenever it reaches NAMED_SWEEP entries. itable_lock held. */
+#define NAMED_KEEP_NS (60LL * 1000000000)
+#define NAMED_SWEEP 4096
+static void remember_named_locked(struct kfs *fs, uint64_t ino, int64_t named)
+{
+        int64_t now = kfs_now_ns();
+        if (named < now - NAMED_KEEP_NS)
+                return;
+        if (fs->named_gone.count >= NAMED_SWEEP) {
+                uint64_t old[64], k;
+                void *v;
+                size_t n;
+                do { /* no delete while iterating: collect, delete, again */
+                        n = 0;
+                        for (size_t pos = 0; n < 64 && kmap_next(&fs->named_gone, &pos, &k, &v);)
+                                if ((int64_t)(uintptr_t)v < now - NAMED_KEEP_NS)
+                                        old[n++] = k;
+                        for (size_t i = 0; i < n; i++)
+                                kmap_del(&fs->named_gone, old[i]);
+                } while (n == 64);
+                if (fs->named_gone.count >= NAMED_SWEEP)
+                        return; /* all recent: the oldest names go unremembered, as before */
+        }
+        (void)kmap_put(&fs->named_gone, ino, (void *)(uintptr_t)named);
+}
+
+int64_t kfs_dir_named_at_locked(struct kfs *fs, const struct kfs_inode *in, uint64_t ino)
+{
+        int64_t at = in ? atomic_load(&in->named_ns) : 0, gone = (int64_t)(uintptr_t)kmap_get(&fs->named_gone, ino);
+        return gone > at ? gone : at;
+}
+
 void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
 {
         if (in == &fs->root)
@@ -678,6 +711,8 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 kmap_del(&fs->itable, in->bino);
         else if (gone) /* an evicted inode, already detached (T4) */
                 kmap_del(&fs->detached, (uint64_t)(uintptr_t)in);
+        if (gone && S_ISDIR(in->type) && !kfs_stale(in) && atomic_load(&in->named_ns))
+                remember_named_locked(fs, in->bino, atomic_load(&in->named_ns));
         struct kfs_inode *up = gone ? in->up : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
@@ -722,4 +757,5 @@ void kfs_inode_table_free(struct kfs *fs)
                 }
                 kmap_free(maps[m]);
         }
+        kmap_free(&fs->named_gone);
 }

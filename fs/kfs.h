@@ -233,6 +233,8 @@ struct kfs {
         pthread_mutex_t itable_lock;
         kmap itable;              /* bino -> struct kfs_inode*; itable_lock */
         kmap detached;            /* evicted inodes the kernel still knows, by address (T4); itable_lock */
+        kmap named_gone;          /* directories the kernel forgot soon after a request named them: backing
+                                     inode number -> named_ns (kfs_dir_named_at_locked); itable_lock */
 
         _Atomic uint64_t users_ino; /* backing inode of users/ once seen sound (users.c, U1); 0: not yet */
         struct kev *ev;           /* eviction's state (evict/state.c) */
@@ -274,6 +276,12 @@ static inline void kfs_dir_named(struct kfs_inode *in)
         if (S_ISDIR(in->type))
                 atomic_store(&in->named_ns, kfs_now_ns());
 }
+
+/* When a request last named directory ino (kfs_dir_named), whether or not the kernel still knows it: a
+ * prune of an evicted file's name takes its unused parents with it (fs/kprune.c), and with them the
+ * inode's stamp, while the runtime that named the directory may be about to store in it. in: its inode,
+ * or NULL. itable_lock held. */
+int64_t kfs_dir_named_at_locked(struct kfs *fs, const struct kfs_inode *in, uint64_t ino);
 
 /* A new object's mode as the caller asked for it: the caller's umask applies (FUSE passes it with the
  * request; the daemon's own umask is 0, set at start, so it never applies on top). */
@@ -353,6 +361,8 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files);
  * took them): closes half of the idle inodes' fds and keeps the cap there. True if any was closed, and
  * the failed call may be tried again. */
 bool kfs_fds_shed(struct kfs *fs);
+/* open(2) as -errno. */
+int kfs_open_errno(const char *path, int flags);
 /* Runs CALL (an expression giving a descriptor or -errno) into R, again after each shed of idle fds while
  * it fails for want of descriptors. */
 #define KFS_RETRY_FDS(fs, r, call)                                                              \

@@ -553,6 +553,7 @@ static int init_root(struct kfs *fs)
         pthread_cond_init(&fs->flock.cond, NULL);
         kmap_init(&fs->itable);
         kmap_init(&fs->detached);
+        kmap_init(&fs->named_gone);
         if (kmap_put(&fs->itable, fs->root.bino, &fs->root) < 0 || kev_init(fs) < 0)
                 return fail("out of memory");
         return 0;

@@ -77,9 +77,10 @@ int kfs_entry_of_fd(struct kfs *fs, struct kfs_inode *dir, const char *name, int
 {
         char proc[64];
         kfs_proc_path(proc, sizeof(proc), fd);
-        int pfd = open(proc, O_PATH | O_CLOEXEC); /* the same inode, whatever its name holds now */
+        int pfd;
+        KFS_RETRY_FDS(fs, pfd, kfs_open_errno(proc, O_PATH | O_CLOEXEC)); /* the same inode, whatever its name holds now */
         if (pfd < 0)
-                return -errno;
+                return pfd;
         memset(e, 0, sizeof(*e));
         e->attr = *st;
         struct kfs_inode *in;

@@ -157,7 +157,7 @@ void kev_prune_dir_at(struct kfs *fs, const char *dir_rel, uint64_t ino, struct 
                 if (pfd >= 0 && fstat(pfd, &ps) == 0) {
                         pthread_mutex_lock(&fs->itable_lock);
                         struct kfs_inode *in = kfs_inode_find_locked(fs, st.st_ino);
-                        named = in && !first_now ? atomic_load(&in->named_ns) : 0;
+                        named = !first_now ? kfs_dir_named_at_locked(fs, in, st.st_ino) : 0;
                         first_now = false;
                         if (named > now - dir_grace_ns(fs)) /* a runtime may be about to store in it */
                                 in = NULL;
