@@ -121,7 +121,7 @@ def test_job_prolog_mounts_once_without_shared_runtime_dirs(workdir):
     assert os.path.ismount(env["KCACHEFS_MOUNT"])
     # No runtime directory shared by users (a binary one user put there would be loaded by another's
     # process): each user's kcache env gets one of their own (test_security_users.py).
-    assert os.listdir(env["KCACHEFS_MOUNT"]) == []
+    assert os.listdir(env["KCACHEFS_MOUNT"]) == ["users"]  # the daemon's users/ (0711): no runtime directory
 
 
 def test_module_files_set_what_kcache_env_sets(kfs):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import HERE, ROOT, backing_files, pid_alive, wait_for
+from conftest import HERE, ROOT, backing_files, pid_alive, wait_for, private_dir
 
 BUILD = os.environ.get("KCACHE_BUILD") or os.path.join(ROOT, "build")  # run-tests: build-asan in its ASan pass
 KCACHE = os.environ.get("KCACHE_BIN") or os.path.join(BUILD, "kcache")
@@ -132,7 +132,7 @@ def test_fsx_a_million_operations(kfs):
 
 def test_backing_directory_removed_while_mounted(kfs, workdir):
     """Errors, no crash; the daemon still answers and unmounts cleanly."""
-    d, _ = workdir
+    d = private_dir(workdir[0])
     backing = os.path.join(d, "doomed")
     os.makedirs(os.path.join(backing, "sub"))
     with open(os.path.join(backing, "sub", "f"), "wb") as f:
