@@ -492,6 +492,13 @@ int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 
 int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
 
+/* ops-xattr.c: setting or removing an attribute of a regular file may take or free a block (ATTRIBUTES
+ * TAKE BLOCKS). begin reserves room for an attribute of len bytes (name and value; 0: a removal reserves
+ * nothing) into *held, or fails (-ENOSPC); end measures the file and releases *held. Other types: no-ops.
+ * No lock of ours held. */
+int kfs_xattr_begin(struct kfs *fs, struct kfs_inode *in, size_t len, uint64_t *held);
+void kfs_xattr_end(struct kfs *fs, struct kfs_inode *in, uint64_t held);
+
 /* control.c: the user.kcachefs.* attributes */
 bool kfs_ctl_is_ours(const char *name);
 int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char *name, char *buf, size_t size);
