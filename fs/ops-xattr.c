@@ -37,7 +37,7 @@ static int xattr_path(struct kfs *fs, struct kfs_inode *in, char *buf, size_t si
 int kfs_xattr_begin(struct kfs *fs, struct kfs_inode *in, size_t len, uint64_t *held)
 {
         *held = 0;
-        if (!S_ISREG(in->type) || !len)
+        if (!S_ISREG(in->type) || !len || !fs->settle.blk) /* tmpfs keeps attributes off st_blocks */
                 return 0;
         uint64_t est = (len + BLK - 1) / BLK * BLK + BLK; /* the value and its entry; the block they may open */
         int r = kev_reserve(fs, est);
