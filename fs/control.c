@@ -339,10 +339,16 @@ static int pin_backing(struct kfs *fs, struct kfs_inode *in, bool pin)
 {
         /* One message per process, whatever the mount: a flag of the process, not of the mount's state. */
         static atomic_bool told;
+        /* The attribute may open a block of its own (ops-xattr.c, ATTRIBUTES TAKE BLOCKS): room first. */
+        uint64_t held;
+        int r = kfs_xattr_begin(fs, in, pin ? strlen(KIDX_PIN_XATTR) + 1 : 0, &held);
+        if (r < 0)
+                return r;
         int fd = kfs_inode_fd(fs, in);
-        if (fd < 0)
+        if (fd < 0) {
+                kfs_xattr_end(fs, in, held);
                 return fd;
-        int r = 0;
+        }
         if (fd == fs->dead_fd) { /* evicted meanwhile: the placeholder is nobody's file */
                 r = -ESTALE;
         } else {
@@ -352,6 +358,7 @@ static int pin_backing(struct kfs *fs, struct kfs_inode *in, bool pin)
                         r = -errno;
         }
         kfs_inode_fd_put(fs, in, fd);
+        kfs_xattr_end(fs, in, held);
         if (r == -ENODATA && !pin)
                 return 0; /* pinned before pins were kept on the file, or never pinned */
         if (r == -ENOTSUP || r == -EOPNOTSUPP) {

@@ -149,6 +149,8 @@ struct kfs_inode {
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
+        uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
+                                     for it (settle.c, MARGIN), released when the settler measures it; lock */
         _Atomic int64_t named_ns; /* a directory: when a request last named it (looked it up, or looked up
                                      or created in it); eviction removes no directory named recently
                                      (evict/prune.c, EMPTIED DIRECTORIES) */
@@ -246,6 +248,8 @@ struct kfs {
                 bool stop;              /* lock */
                 bool started, said;     /* lock */
                 int64_t retry_at;       /* the thread could not be started: not before this (ns); lock */
+                uint32_t blk;           /* the backing filesystem's block, where its writeback allocates
+                                           extent blocks; 0 where it allocates nothing (tmpfs): MARGIN */
                 pthread_t thread;
         } settle;
 };
@@ -409,6 +413,11 @@ void kfs_log_finish(struct kfs_log *l);
 /* settle.c */
 /* An allocating operation touched in: it is measured again after its writeback (settle.c). */
 void kfs_settle_note(struct kfs *fs, struct kfs_inode *in);
+/* At mount: whether the backing filesystem allocates at writeback, and its block (MARGIN). */
+void kfs_settle_init(struct kfs *fs);
+/* in->lock held. The bytes a write that may allocate est bytes must reserve on top of est, for the extent
+ * blocks its writeback may allocate (MARGIN); 0 once in's margin covers the file. */
+uint64_t kfs_settle_margin_locked(struct kfs *fs, struct kfs_inode *in, uint64_t est);
 /* Measures every queued file now (the flush action, kcache verify). Returns how many. */
 size_t kfs_settle_all(struct kfs *fs);
 /* Stops the settler and measures what is left (before the index closes). */
@@ -501,6 +510,13 @@ static inline struct kfs_handle *kfs_lazy_handle(const struct fuse_file_info *fi
 int kfs_handle_fd(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 
 int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
+
+/* ops-xattr.c: setting or removing an attribute of a regular file may take or free a block (ATTRIBUTES
+ * TAKE BLOCKS). begin reserves room for an attribute of len bytes (name and value; 0: a removal reserves
+ * nothing) into *held, or fails (-ENOSPC); end measures the file and releases *held. Other types: no-ops.
+ * No lock of ours held. */
+int kfs_xattr_begin(struct kfs *fs, struct kfs_inode *in, size_t len, uint64_t *held);
+void kfs_xattr_end(struct kfs *fs, struct kfs_inode *in, uint64_t held);
 
 /* control.c: the user.kcachefs.* attributes */
 bool kfs_ctl_is_ours(const char *name);

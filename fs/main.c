@@ -530,6 +530,7 @@ static int init_root(struct kfs *fs)
         int r = ktree_init(&fs->tree, fs->o.backing);
         if (r < 0)
                 return fail("cannot open the backing directory '%s': %s", fs->o.backing, strerror(-r));
+        kfs_settle_init(fs);
         fs->root.fd = ktree_open(&fs->tree, KTREE_ROOT, ".", O_PATH | O_DIRECTORY, 0);
         fs->dead_fd = memfd_create("kcachefs-evicted", MFD_CLOEXEC);
         if (fs->dead_fd < 0)

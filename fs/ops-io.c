@@ -299,10 +299,23 @@ static ssize_t run_op(const struct io_op *op)
 static ssize_t allocating_op(struct kfs *fs, struct kfs_inode *in, const struct io_op *op, uint64_t est,
                              bool retry_ok)
 {
-        if (est) {
-                int r = kev_reserve(fs, est);
+        /* A write's writeback may allocate extent blocks, even after a SIGKILL: their margin is reserved
+         * with the data, and held until the settler measures the file (settle.c, MARGIN). */
+        uint64_t margin = 0;
+        if (op->src) {
+                pthread_mutex_lock(&in->lock);
+                margin = kfs_settle_margin_locked(fs, in, est);
+                pthread_mutex_unlock(&in->lock);
+        }
+        if (est + margin) {
+                int r = kev_reserve(fs, est + margin);
                 if (r < 0)
                         return r;
+        }
+        if (margin) {
+                pthread_mutex_lock(&in->lock);
+                in->margin += margin; /* before the data: the settler that takes it comes after (settle.c) */
+                pthread_mutex_unlock(&in->lock);
         }
         ssize_t res = run_op(op);
         if (res == -ENOSPC && retry_ok) {
@@ -329,11 +342,11 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
         kev_writer = fuse_req_ctx(req)->pid; /* (evict/remove.c, runtime_lock) */
         ssize_t res = allocating_op(fs, in, &op, estimate(in, (uint64_t)off, len), retry_ok);
         kev_writer = 0;
+        kfs_settle_note(fs, in); /* measured again after writeback, its margin released (settle.c) */
         if (res < 0) {
                 fuse_reply_err(req, (int)-res);
                 return;
         }
-        kfs_settle_note(fs, in); /* measured again after writeback (settle.c) */
         if (!fs->o.nolog) {
                 int64_t now = kfs_now_ns();
                 kidx_touch(fs->idx, in->bino, now, 0, 0);

@@ -16,6 +16,28 @@
  * the mount root (kcache verify, kcache stats) settles everything queued first, writers or not, so that
  * a verify after `sync` compares settled figures.
  *
+ * MARGIN. Until its writeback, what a written file will hold is not what st_blocks says: the extent blocks
+ * come later, and they come whatever becomes of the daemon, since the kernel writes the data back even
+ * after a SIGKILL. So the tree must have room for them from before the write: the write reserves, on top
+ * of its data, a margin for the extent blocks its writeback may allocate, which stays reserved (in
+ * fs->ev's reserved bytes, so that max_size holds it) until the settler has the data written back and
+ * measures the file, when the real allocation replaces it. At every moment the tree then holds no more
+ * than the index's count plus what is reserved, which never exceeds max_size: 30 files of 30 strided 4 KiB
+ * writes through a 4 MiB cache on ext4, SIGKILLed at once, left the tree 122,880 bytes over max_size after
+ * sync (one extent leaf each, and a count a few blocks short), and now leave it under.
+ *   How much: two blocks a write (an extent of the range written, and the split of the extent it lands
+ * in, each of which may split a tree block), up to a bound for the whole file, the tree's blocks if every
+ * block of it were an extent of its own, in tree blocks half full (ext4's records take 12 bytes, XFS's 16,
+ * after a header of up to 72) plus two blocks of depth; nothing while the file has at most four blocks
+ * (the inode holds four extents itself), nothing on tmpfs (fs->settle.blk 0). A file written in large
+ * writes reaches its bound at once: a 1 GiB file holds 8 MiB of margin (0.8%) until its writeback, a file of
+ * 16 KiB or less none. Writes within allocated space add margin until the bound too: a write into a
+ * preallocated (unwritten) extent splits it at writeback.
+ *   One window is left, in the flush action only (settle_all, for kcache verify), which measures files
+ * still open for writing: a write whose margin the flush took before its data reached the disk has none
+ * until the settler measures the file again (it queued it again). The settler itself measures only files
+ * no one writes any more.
+ *
  * COST. One fstat and one sync_file_range per written file, on this thread, about a second after its
  * last writer closed it: the writeback the kernel would have started within 30 s anyway, started
  * earlier. A tmpfs backing has no writeback, and only pays the fstat.
@@ -24,6 +46,7 @@
  * lock of ours is held where settle.lock is taken (kfs_settle_note is called with none). */
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/vfs.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -31,18 +54,59 @@
 
 #define SETTLE_MS 1000
 
+#define TMPFS_MAGIC 0x01021994
+#define RAMFS_MAGIC 0x858458f6
+
+void kfs_settle_init(struct kfs *fs)
+{
+        struct statfs sf;
+        if (fstatfs(fs->tree.root, &sf) < 0)
+                sf.f_type = 0, sf.f_bsize = 4096; /* not known: as a disk filesystem's */
+        bool none = (unsigned long)sf.f_type == TMPFS_MAGIC || (unsigned long)sf.f_type == RAMFS_MAGIC;
+        fs->settle.blk = none ? 0 : sf.f_bsize >= 512 && sf.f_bsize <= (1 << 20) ? (uint32_t)sf.f_bsize : 4096;
+}
+
+uint64_t kfs_settle_margin_locked(struct kfs *fs, struct kfs_inode *in, uint64_t est)
+{
+        uint64_t blk = fs->settle.blk;
+        if (!blk || !S_ISREG(in->type) || in->unlinked)
+                return 0;
+        uint64_t blocks = (in->alloc + est + blk - 1) / blk;
+        if (blocks <= 4)
+                return 0;
+        uint64_t per = (blk - 72) / 16 / 2; /* records in a tree block half full */
+        uint64_t bound = (2 + (blocks + per - 1) / per) * blk;
+        uint64_t want = in->margin + 2 * blk < bound ? in->margin + 2 * blk : bound;
+        return want > in->margin ? want - in->margin : 0;
+}
+
+/* Takes in's margin (MARGIN) off it, for the caller to release: returns it. */
+static uint64_t take_margin(struct kfs_inode *in)
+{
+        pthread_mutex_lock(&in->lock);
+        uint64_t m = in->margin;
+        in->margin = 0;
+        pthread_mutex_unlock(&in->lock);
+        return m;
+}
+
 /* Measures in after its writeback, and gives the queue's reference back. */
 static void settle_one(struct kfs *fs, struct kfs_inode *in)
 {
         atomic_store(&in->settle_queued, false); /* a write from now on queues it again */
-        if (!kfs_stale(in)) {
+        /* After the flag: a write whose margin is left for the next round has queued it again (MARGIN). */
+        uint64_t margin = take_margin(in);
+        if (kfs_stale(in)) {
+                if (margin)
+                        kev_settle(fs, in, NULL, margin); /* evicted: nothing of it to write back here */
+        } else {
                 int fd = kfs_inode_open(fs, in, O_RDONLY | O_CLOEXEC);
                 if (fd >= 0) {
                         (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE |
                                                                 SYNC_FILE_RANGE_WAIT_AFTER);
                         close(fd);
                 }
-                kev_measure(fs, in, -1, 0); /* writeback's allocation, room made first */
+                kev_measure(fs, in, -1, margin); /* writeback's allocation replaces the margin */
         }
         kfs_inode_unref(fs, in, 1);
 }
@@ -107,6 +171,8 @@ void kfs_settle_note(struct kfs *fs, struct kfs_inode *in)
         if (fs->settle.stop || kmap_put(&fs->settle.queue, (uint64_t)(uintptr_t)in, in) < 0) {
                 pthread_mutex_unlock(&fs->settle.lock);
                 atomic_store(&in->settle_queued, false);
+                uint64_t margin = take_margin(in); /* nothing will measure it: measured now */
+                kev_measure(fs, in, -1, margin);
                 kfs_inode_unref(fs, in, 1);
                 return;
         }
