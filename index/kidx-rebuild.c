@@ -14,6 +14,12 @@
  * Known files keep their recency and counters. The walk never follows symlinks and stays on the backing
  * root's filesystem (tree.h, R1-R3).
  *
+ * DEPTH. The walk holds a descriptor per level, so it holds at most WALK_DEPTH at once: a directory below
+ * that is noted (its inode) and walked afterwards from the root again, through the names the walk has
+ * written to dents, each component checked (ktree_walk). Any depth is indexed (a user can make a tree as
+ * deep as the backing's inodes allow, through the mount, and a rebuild that gave up on it left the
+ * daemon unable to start), at a cost of one walk down per WALK_DEPTH levels.
+ *
  * PINS. The daemon keeps each pin on the backing file too (fs/control.c), so a pin outlives a corrupt or
  * deleted index. A file is pinned after the rebuild if the index or its attribute says so: the daemon
  * writes the attribute first and flushes the index at once, so they disagree only after a crash between
@@ -25,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
@@ -42,7 +49,13 @@ struct walk {
         uint64_t nfiles, ndirs;
         bool progress;
         const char *skip_name; /* in the root only */
+        uint64_t root_ino;
+        uint64_t *deep;        /* directories below WALK_DEPTH, walked afterwards (DEPTH) */
+        size_t ndeep, deep_cap;
+        sqlite3_stmt *parent;  /* a directory's name and parent, from the dents written so far */
 };
+
+#define WALK_DEPTH 128
 
 static enum kidx_type type_of(mode_t m)
 {
@@ -85,10 +98,8 @@ static void show_progress(struct walk *w, bool last)
                 (unsigned long long)w->nfiles, (unsigned long long)w->ndirs, last ? "\n" : "");
 }
 
-static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
+static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth, bool top)
 {
-        if (depth > 256)
-                return -ELOOP;
         DIR *d = fdopendir(dfd);
         if (!d) {
                 int r = -errno;
@@ -101,7 +112,7 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
                 const char *name = de->d_name;
                 if (!strcmp(name, ".") || !strcmp(name, ".."))
                         continue;
-                if (depth == 0 && w->skip_name && !strcmp(name, w->skip_name))
+                if (top && w->skip_name && !strcmp(name, w->skip_name))
                         continue;
                 struct stat st;
                 if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
@@ -140,6 +151,20 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
                 } else if (t == KIDX_DIR) {
                         w->ndirs++;
                         show_progress(w, false);
+                        if (depth + 1 >= WALK_DEPTH) { /* later, from the root (DEPTH) */
+                                if (w->ndeep == w->deep_cap) {
+                                        size_t cap = w->deep_cap ? w->deep_cap * 2 : 16;
+                                        uint64_t *n = realloc(w->deep, cap * sizeof(*n));
+                                        if (!n) {
+                                                r = -ENOMEM;
+                                                break;
+                                        }
+                                        w->deep = n;
+                                        w->deep_cap = cap;
+                                }
+                                w->deep[w->ndeep++] = st.st_ino;
+                                continue;
+                        }
                         int cfd = ktree_open(w->t, dirfd(d), name, O_RDONLY | O_DIRECTORY, 0);
                         if (cfd == -ENOENT || cfd == -ELOOP || cfd == -EXDEV || cfd == -ENOTDIR)
                                 continue; /* gone, or swapped for a symlink, a mount point, a file: not ours */
@@ -147,12 +172,61 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth)
                                 r = cfd;
                                 break;
                         }
-                        r = walk_dir(w, cfd, st.st_ino, depth + 1);
+                        r = walk_dir(w, cfd, st.st_ino, depth + 1, false);
                 }
         }
         if (r == 0 && errno != 0 && !de)
                 r = -errno;
         closedir(d);
+        return r;
+}
+
+/* Opens directory ino, which the walk reached below WALK_DEPTH, from the root through the names written to
+ * dents, each checked to be the directory written (R4). -ESTALE: gone or changed since (then it is not
+ * walked: a change made through the mount while the rebuild runs is indexed as it happens). */
+static int open_deep(struct walk *w, uint64_t ino)
+{
+        uint64_t *inos = NULL;
+        char **names = NULL;
+        size_t n = 0, cap = 0;
+        int r = 0;
+        for (uint64_t cur = ino; cur != w->root_ino && r == 0;) {
+                sqlite3_bind_int64(w->parent, 1, (int64_t)cur);
+                int rc = sqlite3_step(w->parent);
+                if (rc != SQLITE_ROW) {
+                        r = rc == SQLITE_DONE ? -ESTALE : kidx__errno(rc);
+                } else if (n == cap) {
+                        cap = cap ? cap * 2 : 256;
+                        uint64_t *ni = realloc(inos, cap * sizeof(*ni));
+                        if (ni)
+                                inos = ni;
+                        char **nn = realloc(names, cap * sizeof(*nn));
+                        if (nn)
+                                names = nn;
+                        r = ni && nn ? 0 : -ENOMEM;
+                }
+                if (r == 0) {
+                        inos[n] = cur;
+                        names[n] = strdup((const char *)sqlite3_column_text(w->parent, 1));
+                        cur = (uint64_t)sqlite3_column_int64(w->parent, 0);
+                        r = names[n++] ? 0 : -ENOMEM;
+                }
+                sqlite3_reset(w->parent);
+        }
+        for (size_t i = 0; i < n / 2; i++) { /* gathered upwards: the root's child first */
+                uint64_t v = inos[i];
+                inos[i] = inos[n - 1 - i];
+                inos[n - 1 - i] = v;
+                char *m = names[i];
+                names[i] = names[n - 1 - i];
+                names[n - 1 - i] = m;
+        }
+        if (r == 0)
+                r = ktree_walk(w->t, n, (const char *const *)names, inos, O_RDONLY);
+        for (size_t i = 0; i < n; i++)
+                free(names[i]);
+        free(names);
+        free(inos);
         return r;
 }
 
@@ -185,7 +259,8 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         int r = ktree_init_fd(&t, backing_fd);
         if (r < 0)
                 return r;
-        struct walk w = { .idx = idx, .t = &t, .dev = root.st_dev, .progress = progress, .skip_name = skip_name };
+        struct walk w = { .idx = idx, .t = &t, .dev = root.st_dev, .progress = progress, .skip_name = skip_name,
+                          .root_ino = root.st_ino };
         /* One question to the root for the whole tree: a filesystem without user attributes answers
          * ENOTSUP (EOPNOTSUPP), one with them ENODATA (or the value). */
         w.xattrs = pinned_xattr(backing_fd) >= 0;
@@ -202,6 +277,9 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO temp.scan(ino, bytes, mtime_ns, uid, pinned)"
                                         " VALUES (?1, ?2, ?3, ?4, ?5)", -1, &w.file, NULL);
+        if (rc == SQLITE_OK)
+                rc = sqlite3_prepare_v2(db, "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1", -1,
+                                        &w.parent, NULL);
         if ((r = kidx__errno(rc)) < 0)
                 goto rollback;
 
@@ -210,13 +288,23 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
                 r = dfd;
                 goto rollback;
         }
-        r = walk_dir(&w, dfd, root.st_ino, 0);
+        r = walk_dir(&w, dfd, root.st_ino, 0, true);
+        while (r == 0 && w.ndeep) { /* (DEPTH) */
+                uint64_t ino = w.deep[--w.ndeep];
+                int fd = open_deep(&w, ino);
+                if (fd >= 0)
+                        r = walk_dir(&w, fd, ino, 0, false);
+                else if (fd != -ESTALE && fd != -ENOENT)
+                        r = fd;
+        }
+        free(w.deep);
         show_progress(&w, true);
         if (r < 0)
                 goto rollback;
         sqlite3_finalize(w.dent);
         sqlite3_finalize(w.file);
-        w.dent = w.file = NULL;
+        sqlite3_finalize(w.parent);
+        w.dent = w.file = w.parent = NULL;
         /* Evictions under way when the last daemon died: logged if their file is gone (the write-ahead
          * intents of kidx_evict_intents). */
         sqlite3_stmt *is;
@@ -264,6 +352,7 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
 rollback:
         sqlite3_finalize(w.dent);
         sqlite3_finalize(w.file);
+        sqlite3_finalize(w.parent);
         kidx__exec(db, "ROLLBACK");
 out:
         pthread_mutex_unlock(&idx->db_lock);
