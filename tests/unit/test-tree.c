@@ -125,5 +125,7 @@ int main(void)
         CHECK(stat(secret, &st) == 0 && st.st_size == 0); /* never reached */
         tutil_rmrf(root);
         tutil_rmrf(out);
+        free(root);
+        free(out);
         return tutil_done("test-tree");
 }
