@@ -212,6 +212,7 @@ static int take_waiting(struct kfs *fs, const struct kfs_flock_wait *w)
 static void *flock_waiter(void *arg)
 {
         struct kfs_flock_wait *w = arg;
+        kfs_wake_signal_accept();
         struct kfs *fs = w->fs;
         int e;
         if (w->after_gone) {

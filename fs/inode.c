@@ -72,6 +72,14 @@ void kfs_wake_signal_init(void)
         pthread_once(&once, wake_install);
 }
 
+void kfs_wake_signal_accept(void)
+{
+        sigset_t s;
+        sigemptyset(&s);
+        sigaddset(&s, KFS_WAKE_SIGNAL);
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+}
+
 struct timespec kfs_deadline_ms(unsigned ms)
 {
         int64_t t = kfs_now_ns() + (int64_t)ms * 1000000LL;

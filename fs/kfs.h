@@ -306,6 +306,9 @@ struct timespec kfs_deadline_ms(unsigned ms);
  * its no-op handler without SA_RESTART, installed once by kfs_wake_signal_init(). */
 #define KFS_WAKE_SIGNAL SIGUSR2
 void kfs_wake_signal_init(void);
+/* Called first by a thread that waits to be woken so: a thread inherits its creator's signal mask, and
+ * the io_uring threads (ring.c) block every signal, so a waiter they started could not be woken. */
+void kfs_wake_signal_accept(void);
 /* Makes a stat of a backing inode what the mount shows: logged atime, no blocks for non-files. */
 void kfs_fix_attr(const struct kfs_inode *in, struct stat *st);
 /* Looks dir/name up, takes a lookup reference, and fills e. -errno on failure. */

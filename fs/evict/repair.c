@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -144,11 +145,46 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
  * So a NEO repair that found the lock held is handed to this thread, which queues for the lock like
  * NEO's own processes and, once it holds it, rewrites config.file's count under evict_lock (the lock
  * order is the flock, then evict_lock; eviction itself never waits for a flock). Stopped by
- * kev_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. */
+ * kev_stop(), which interrupts a wait with KFS_WAKE_SIGNAL. A wait lasts REPAIR_WAIT_S at most, and the
+ * repair then goes to the end of the list: on a shared mount each user's NEO cache has its own
+ * config.file, and a user who holds his lock for good must not keep the others' counts inflated. */
 
 static bool same_dir(const struct kev_dirref *a, const struct kev_dirref *b)
 {
         return a->ino == b->ino && !strcmp(a->rel, b->rel);
+}
+
+#define REPAIR_WAIT_S 5
+
+/* flock(fd, LOCK_EX), interrupted (-EINTR) after seconds by a timer that sends this thread
+ * KFS_WAKE_SIGNAL. */
+static int flock_within(int fd, unsigned seconds)
+{
+        timer_t tm;
+        struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = KFS_WAKE_SIGNAL };
+        sev._sigev_un._tid = gettid(); /* sigev_notify_thread_id, which glibc 2.36 does not name */
+        bool armed = timer_create(CLOCK_MONOTONIC, &sev, &tm) == 0;
+        if (armed) {
+                struct itimerspec its = { .it_value = { .tv_sec = seconds } };
+                (void)timer_settime(tm, 0, &its, NULL);
+        }
+        int r = flock(fd, LOCK_EX) == 0 ? 0 : -errno;
+        if (armed)
+                timer_delete(tm); /* one that fired after the lock was taken woke nothing */
+        return r;
+}
+
+/* evict_lock held. The repair of dir goes last: others are tried before it again. */
+static void repair_last_locked(struct kfs *fs, enum krt rt, const struct kev_dirref *dir)
+{
+        for (size_t k = 0; k + 1 < fs->ev->nrepairs; k++)
+                if (fs->ev->repairs[k].rt == rt && same_dir(&fs->ev->repairs[k].dir, dir)) {
+                        struct kev_repair r = fs->ev->repairs[k];
+                        memmove(&fs->ev->repairs[k], &fs->ev->repairs[k + 1],
+                                (fs->ev->nrepairs - k - 1) * sizeof(r));
+                        fs->ev->repairs[fs->ev->nrepairs - 1] = r;
+                        return;
+                }
 }
 
 static void drop_repair_locked(struct kfs *fs, enum krt rt, const struct kev_dirref *dir)
@@ -164,6 +200,7 @@ static void drop_repair_locked(struct kfs *fs, enum krt rt, const struct kev_dir
 static void *repairer_main(void *arg)
 {
         struct kfs *fs = arg;
+        kfs_wake_signal_accept();
         pthread_mutex_lock(&fs->ev->evict_lock);
         while (!fs->ev->stop) {
                 struct kev_dirref dir = { NULL, 0 };
@@ -177,13 +214,16 @@ static void *repairer_main(void *arg)
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 int dfd = kev_dirref_open(fs, &dir, O_PATH); /* R4: still the directory it was */
                 int fd = dfd < 0 ? -1 : ktree_open_file(&fs->tree, dfd, KFS_NEO_SIZE_FILE, O_RDWR, 0);
-                bool locked = fd >= 0 && flock(fd, LOCK_EX) == 0; /* queued behind NEO's processes */
+                int lr = fd >= 0 ? flock_within(fd, REPAIR_WAIT_S) : -EBADF; /* queued behind NEO's processes */
+                bool locked = lr == 0;
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->ev->evict_lock);
                 if (!fs->ev->stop && (locked || fd < 0)) {
                         if (locked)
                                 neo_rewrite(fs, dfd, fd, &nl);
                         drop_repair_locked(fs, KRT_NEO, &dir);
+                } else if (!fs->ev->stop && lr == -EINTR) {
+                        repair_last_locked(fs, KRT_NEO, &dir); /* held for long: the others first */
                 }
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 kev_notify_all(fs, &nl);

@@ -146,3 +146,59 @@ def test_a_deep_tree_in_a_runtimes_entry_never_stops_eviction(shared):
             "open(os.path.join(p, 'f'), 'wb').write(b'B')")
     assert as_user(bob, code, m.path("cuda")) == 0
     assert write_as(alice, m.path("a"), 16, timeout=60) == 0, "A's writes fail: eviction stopped"
+
+
+NEO_STORE = ("import fcntl, struct\n"
+             "d = sys.argv[1]\n"
+             "h = sys.argv[2]\n"
+             "os.makedirs(os.path.join(d, h[0], h[1]), exist_ok=True)\n"
+             "open(os.path.join(d, h[0], h[1], h + '.cl_cache'), 'wb').write(b'N' * 8192)\n"
+             "fd = os.open(os.path.join(d, 'config.file'), os.O_RDWR | os.O_CREAT, 0o600)\n"
+             "os.pwrite(fd, struct.pack('=Q', 8192), 0)\n"
+             "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+             "print('locked', flush=True)\n"
+             "time.sleep(float(sys.argv[3]))")
+
+
+def test_a_user_holding_his_neo_lock_never_keeps_anothers_count_wrong(shared):
+    """After eviction the daemon rewrites NEO's count (config.file) under NEO's own flock; one that finds the
+    lock held is handed to a thread that waits for it. On a shared mount each user's NEO cache has its own
+    config.file: Bob holds his for good, and that thread waited on it for ever, so Alice's repair, handed
+    to it behind Bob's, never came, and her NEO went on counting an evicted binary until the next eviction
+    (NEO refuses to store past its own limit). The wait is bounded (repair.c, REPAIR_WAIT_S), and Bob's
+    repair goes to the end of the queue."""
+    m, alice, bob = shared()
+    dirs = {}
+    for u in (alice, bob):
+        home = as_user_out(u, "print(os.getxattr(sys.argv[1], 'user.kcachefs.home').decode())", m.mnt)
+        dirs[u.pw_name] = os.path.join(m.mnt, home, "neo")
+        assert as_user(u, "os.mkdir(sys.argv[1]); os.setxattr(sys.argv[1], 'user.kcachefs.runtime', b'neo')",
+                       dirs[u.pw_name]) == 0
+    bh, ah = "b" * 16, "a" * 16
+    holders = []
+    try:
+        for u, h, hold in ((bob, bh, 600), (alice, ah, 2)):
+            p = subprocess.Popen(["runuser", "-u", u.pw_name, "--", "/usr/bin/python3", "-c",
+                                  "import os, sys, time\n" + NEO_STORE, dirs[u.pw_name], h, str(hold)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+            assert p.stdout.readline().strip() == "locked", p.stderr.read()
+            holders.append(p)
+            entry = os.path.join(dirs[u.pw_name], h[0], h[1], h + ".cl_cache")
+            subprocess.run([KCACHE, "evict", entry], check=True, capture_output=True, timeout=60)
+            assert not os.path.exists(entry)
+        cfg = os.path.join(dirs["kcfs-alice"], "config.file")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and open(cfg, "rb").read(8) != b"\0" * 8:
+            time.sleep(0.2)
+        assert open(cfg, "rb").read(8) == b"\0" * 8, "Alice's count still holds her evicted binary"
+        assert open(os.path.join(dirs["kcfs-bob"], "config.file"), "rb").read(8) != b"\0" * 8  # still locked
+    finally:
+        for p in holders:
+            os.killpg(p.pid, 9)  # runuser and the holder under it
+            p.communicate(timeout=30)
+
+
+def as_user_out(u, code, *args):
+    p = subprocess.run(["runuser", "-u", u.pw_name, "--", "/usr/bin/python3", "-c", "import os, sys\n" + code, *args],
+                       capture_output=True, text=True, timeout=60, check=True)
+    return p.stdout.strip()
