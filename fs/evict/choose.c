@@ -3,7 +3,17 @@
  * The LRU walk reads the index's rows in access order, a batch at a time, and turns each file into its
  * runtime's unit (units.c): a single file is a victim at once; a unit of several files is taken when the
  * walk reaches its newest member, since that is the unit's recency. Open, pinned and young files are
- * passed over; a unit with one such member stays whole. */
+ * passed over; a unit with one such member stays whole.
+ *
+ * ONE VERDICT PER LOCK. A unit its runtime holds (busy) is passed over too, and the walk goes on to newer
+ * entries. Where one lock file guards a whole cache (PyOpenCL's compiler cache), every unit of that cache
+ * is held alike, so the verdict is taken once for the cache, the first time the eviction meets one of its
+ * units, and kept for the rest of the eviction (its passes and batches: struct kev_busy). Judged unit by
+ * unit, a lock released while the walk was in the cache made the older units busy and a newer one free:
+ * the background descent, kicked by PyOpenCL's own write of a key under its lock, passed over every older
+ * key while the lock stood, and took the key stored just before once PyOpenCL unlinked it a moment later
+ * (the ASan pass of test_pyopencl_through_an_evicting_cache missed a key stored by the process before).
+ * A lock that appears during the walk still makes what follows busy: someone is inside the cache now. */
 #include <errno.h>
 #include <fnmatch.h>
 #include <limits.h>
@@ -170,6 +180,35 @@ static struct seen *seen_get(struct seen_set *ss, const char *key)
         return nv[ss->n].key ? &nv[ss->n++] : NULL;
 }
 
+void kev_busy_free(struct kev_busy *b)
+{
+        for (size_t i = 0; i < b->n; i++)
+                free(b->dirs[i]);
+        free(b->dirs);
+        memset(b, 0, sizeof(*b));
+}
+
+/* ONE VERDICT PER LOCK: *busy becomes true if the lock of cache dir was found held earlier in this
+ * eviction, and a held one is remembered. -ENOMEM: not remembered (this unit's own verdict stands). */
+static int busy_verdict(struct kev_busy *b, const char *dir, bool *busy)
+{
+        for (size_t i = 0; i < b->n; i++)
+                if (!strcmp(b->dirs[i], dir)) {
+                        *busy = true;
+                        return 0;
+                }
+        if (!*busy)
+                return 0;
+        char **n = realloc(b->dirs, (b->n + 1) * sizeof(*n));
+        if (!n)
+                return -ENOMEM;
+        b->dirs = n;
+        if (!(n[b->n] = strdup(dir)))
+                return -ENOMEM;
+        b->n++;
+        return 0;
+}
+
 void kev_seen_free(struct seen_set *ss)
 {
         for (size_t i = 0; i < ss->n; i++)
@@ -323,7 +362,9 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                   bool grace, struct seen_set *seen, struct victims *vs)
 {
         struct kidx_candidates cands = { 0 };
+        struct kev_busy own = { 0 };
         struct seen_set ss = { 0 }, *sset = seen ? seen : &ss;
+        struct kev_busy *busy = sset->busy ? sset->busy : &own;
         uint64_t after = *cursor;
         int64_t now = kev_now(fs);
         int r = 0;
@@ -385,6 +426,8 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                                 continue;
                         }
                         kev_free_names(v.names, v.nnames);
+                        if (u.lock_dir) /* no memory to remember a held lock: this unit's own verdict stands */
+                                (void)busy_verdict(busy, u.lock_dir, &u.busy);
                         char key[PATH_MAX + 16];
                         /* A directory unit is its directory; a unit of files in a shared directory (NEO, SYCL,
                          * JAX) is its first member. */
@@ -404,6 +447,7 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
         }
         if (!seen)
                 kev_seen_free(&ss);
+        kev_busy_free(&own);
         kidx_candidates_free(&cands);
         *cursor = after;
         return r;

@@ -75,10 +75,22 @@ struct seen {
         bool young;        /* passed over only for GRACE: a pass without it may take it */
 };
 
+/* The caches whose one lock file (PyOpenCL's) was found held by another process during one eviction: every
+ * unit of such a cache is busy for the rest of that eviction, batches and passes included, even once
+ * the lock is gone. Its units are met in LRU order while the lock comes and goes; judged one by one, the
+ * older ones were passed over while it was held and a newer one taken the moment it was released: the
+ * entry stored just before the one being written went first (choose.c, ONE VERDICT PER LOCK). */
+struct kev_busy {
+        char **dirs;         /* relative to the root */
+        size_t n;
+};
+void kev_busy_free(struct kev_busy *b);
+
 struct seen_set {
         struct seen *v;      /* units of several files: few per batch */
         size_t n;
         kmap files;          /* single-file units taken, by inode: one per victim, so O(1) each */
+        struct kev_busy *busy; /* this eviction's held locks; NULL: this walk's own */
 };
 
 /* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
@@ -191,6 +203,7 @@ struct kev_unit {
         char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
         bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
         bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
+        char *lock_dir;           /* PyOpenCL: the cache whose one lock guards every unit in it (kev_busy) */
 };
 
 static inline int64_t kev_now(const struct kfs *fs)
@@ -258,7 +271,7 @@ void kev_repair_free(struct kfs *fs);
 /* evict_lock held. Removes the victims that cover goal bytes (at most max_victims); fails with -ENOSPC,
  * removing nothing, if they cannot cover must_free. Returns the bytes freed. */
 int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
-                        bool grace, struct notify_list *nl, bool help, bool in_line);
+                        bool grace, struct notify_list *nl, bool help, bool in_line, struct kev_busy *busy);
 /* Evicts until used plus reserved bytes are down to target, a batch per hold of evict_lock. */
 int64_t kev_evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace, bool in_line);
 

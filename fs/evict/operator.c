@@ -29,32 +29,39 @@ int64_t kev_evict_older(struct kfs *fs, int64_t cutoff_ns)
         /* The LRU order is the atime order (explicit utimensat aside), so walk it until the first file
          * accessed at or after the cutoff, a batch at a time. */
         uint64_t cursor = 0;
-        int64_t total = 0;
+        int64_t total = 0, err = 0;
+        struct kev_busy busy = { 0 }; /* one verdict per lock for every batch (kev_busy) */
         for (;;) {
                 struct kidx_lru_row rows[BATCH_VICTIMS];
                 int n = kidx_lru_batch(fs->idx, cursor, rows, BATCH_VICTIMS);
-                if (n <= 0)
-                        return n < 0 && !total ? n : total;
+                if (n <= 0) {
+                        err = n;
+                        break;
+                }
                 uint64_t goal = 0;
                 int k = 0;
                 for (; k < n && rows[k].atime_ns < cutoff_ns; k++)
                         goal += rows[k].bytes;
                 if (k == 0)
-                        return total;
+                        break;
                 struct notify_list nl = { 0 };
                 uint64_t c = cursor;
                 pthread_mutex_lock(&fs->ev->evict_lock);
-                int64_t freed = kev_evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false, false); /* an operator's */
+                int64_t freed = kev_evict_batch(fs, &c, goal, 0, (size_t)k, false, &nl, false, false, &busy); /* an operator's */
                 kev_prune_lost(fs, &nl);
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 kev_notify_all(fs, &nl);
-                if (freed < 0)
-                        return total ? total : freed;
+                if (freed < 0) {
+                        err = freed;
+                        break;
+                }
                 total += freed;
                 cursor = rows[k - 1].seq;
                 if (k < n)
-                        return total;
+                        break;
         }
+        kev_busy_free(&busy);
+        return err < 0 && !total ? err : total;
 }
 
 int kev_evict_ino(struct kfs *fs, uint64_t ino)

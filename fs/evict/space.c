@@ -28,13 +28,15 @@ static void grant_waiters_locked(struct kfs *fs)
 
 /* evict_lock held. Removes the victims that cover goal bytes (at most max_victims), continuing the LRU
  * walk at *cursor. If they cannot cover must_free, removes nothing and fails with -ENOSPC (ALL OR
- * NOTHING). Returns the bytes freed. help: grant queued writes room as it goes (HELPING). */
+ * NOTHING). Returns the bytes freed. help: grant queued writes room as it goes (HELPING). busy: the
+ * locks found held by the eviction this batch is part of (kev_busy), or NULL for a batch on its own. */
 int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_t must_free, size_t max_victims,
-                           bool grace, struct notify_list *nl, bool help, bool in_line)
+                           bool grace, struct notify_list *nl, bool help, bool in_line, struct kev_busy *busy)
 {
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
-        struct seen_set seen = { 0 };
+        struct kev_busy own = { 0 };
+        struct seen_set seen = { .busy = busy ? busy : &own };
         uint64_t start = *cursor;
         int r = kev_choose(fs, &dc, goal > must_free ? goal : must_free, max_victims, cursor, grace, &seen, &vs);
         if (r == 0 && vs.bytes < must_free && grace) {
@@ -44,6 +46,7 @@ int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_
                 r = kev_choose(fs, &dc, must_free, max_victims, cursor, false, &seen, &vs);
         }
         kev_seen_free(&seen);
+        kev_busy_free(&own);
         int64_t freed = 0;
         if (r < 0 || vs.bytes < must_free)
                 freed = r < 0 ? r : -ENOSPC;
@@ -83,6 +86,7 @@ int64_t kev_evict_batch(struct kfs *fs, uint64_t *cursor, uint64_t goal, uint64_
 int64_t kev_evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, bool grace, bool in_line)
 {
         int64_t total = 0;
+        struct kev_busy busy = { 0 }; /* the batches go on at *cursor: one verdict per lock for them all */
         for (;;) {
                 struct notify_list nl = { 0 };
                 pthread_mutex_lock(&fs->ev->evict_lock);
@@ -90,18 +94,19 @@ int64_t kev_evict_down_to(struct kfs *fs, uint64_t target, uint64_t *cursor, boo
                 uint64_t used = kidx_used(fs->idx) + fs->ev->reserved;
                 pthread_mutex_unlock(&fs->ev->space_lock);
                 int64_t freed = used > target && !fs->ev->stop
-                                        ? kev_evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false, in_line)
+                                        ? kev_evict_batch(fs, cursor, used - target, 0, BATCH_VICTIMS, grace, &nl, false, in_line,
+                                                          &busy)
                                         : 0;
                 bool done = freed <= 0;
                 if (done)
                         kev_prune_lost(fs, &nl); /* (EMPTIED DIRECTORIES) */
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 kev_notify_all(fs, &nl);
-                if (freed < 0)
-                        return total ? total : freed;
+                if (freed <= 0) {
+                        kev_busy_free(&busy);
+                        return freed < 0 && !total ? freed : total; /* the target, or nothing more can go */
+                }
                 total += freed;
-                if (freed == 0)
-                        return total; /* reached the target, or nothing more can go */
         }
 }
 
@@ -169,14 +174,17 @@ int kev_reserve(struct kfs *fs, uint64_t bytes)
                  * it chose: then choose again (the opened file is now passed over), a few times at most.
                  * Room that queued writes were granted meanwhile (HELPING) is made up for by going on; after
                  * a few such rounds it stops granting, so that a stream of writers cannot keep it going. */
+                struct kev_busy busy = { 0 }; /* one verdict per lock while the walk goes on (kev_busy) */
                 for (int attempt = 0, helped = 0; r == 0 && !ok && attempt < 4;) {
                         uint64_t must = used + reserved + bytes - fs->o.max_size;
-                        int64_t freed = kev_evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4, true);
+                        int64_t freed = kev_evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4, true,
+                                                        &busy);
                         if (freed < 0) {
                                 r = (int)freed;
                         } else if ((uint64_t)freed < must) {
                                 attempt++;
-                                cursor = 0; /* the LRU walk again from its start */
+                                cursor = 0; /* the LRU walk again from its start, */
+                                kev_busy_free(&busy); /* where the oldest come first again: a fresh verdict */
                         } else if (helped < 4) {
                                 helped++; /* queued writes took room: on for ours */
                         } else {
@@ -188,6 +196,7 @@ int kev_reserve(struct kfs *fs, uint64_t bytes)
                         reserved = fs->ev->reserved;
                         pthread_mutex_unlock(&fs->ev->space_lock);
                 }
+                kev_busy_free(&busy);
                 if (r == 0 && !ok)
                         r = -ENOSPC;
                 if (r == -ENOSPC) /* what is left is open, pinned or young (misses.c, REFUSED WRITES) */

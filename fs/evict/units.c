@@ -553,7 +553,7 @@ static int pyopencl_unit(struct kfs *fs, const struct file_at *f, struct kev_uni
         int r = whole_dir_unit(fs, u, KRT_PYOPENCL, d, is_info); /* without info: a clean miss */
         char *cache = dir_of(d);
         u->busy = cache && lock_held_by_other(fs, cache, "lock"); /* PyOpenCL reads and writes under it */
-        free(cache);
+        u->lock_dir = cache; /* one lock for the whole cache: one verdict per eviction (choose.c) */
         return r < 0 ? r : 1;
 }
 
@@ -635,6 +635,7 @@ void kev_unit_free(struct kev_unit *u)
         free(u->members);
         free(u->root);
         free(u->repair);
+        free(u->lock_dir);
         memset(u, 0, sizeof(*u));
 }
 

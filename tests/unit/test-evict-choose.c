@@ -114,14 +114,18 @@ static void scene_end(struct scene *sc)
         free(sc->tmp);
 }
 
-/* What kev_choose takes, as "path,path|path" (units separated by '|'), from *cursor on. */
-static const char *take(struct scene *sc, uint64_t goal, size_t max_victims, uint64_t *cursor, bool grace)
+/* What kev_choose takes, as "path,path|path" (units separated by '|'), from *cursor on, as a batch of the
+ * eviction whose held locks are busy (NULL: a walk on its own). */
+static const char *take_in(struct scene *sc, uint64_t goal, size_t max_victims, uint64_t *cursor, bool grace,
+                           struct kev_busy *busy)
 {
         static char out[8192];
         struct victims vs = { 0 };
         struct dircache dc = { 0 };
+        struct seen_set seen = { .busy = busy };
         uint64_t c0 = 0;
-        int r = kev_choose(&sc->fs, &dc, goal, max_victims, cursor ? cursor : &c0, grace, NULL, &vs);
+        int r = kev_choose(&sc->fs, &dc, goal, max_victims, cursor ? cursor : &c0, grace, &seen, &vs);
+        kev_seen_free(&seen);
         CHECK_EQ(r, 0);
         out[0] = '\0';
         for (size_t u = 0; u < vs.nu; u++) {
@@ -137,6 +141,11 @@ static const char *take(struct scene *sc, uint64_t goal, size_t max_victims, uin
         kev_free_victims(&vs);
         kev_dircache_free(&dc);
         return out;
+}
+
+static const char *take(struct scene *sc, uint64_t goal, size_t max_victims, uint64_t *cursor, bool grace)
+{
+        return take_in(sc, goal, max_victims, cursor, grace, NULL);
 }
 
 #define CHECK_TAKES(got, want)                                                                            \
@@ -340,6 +349,64 @@ static void test_numba_pytools_jax_and_neo_units(void)
         scene_end(&sc);
 }
 
+/* A clock that unlinks unlock_path at its unlock_at-th reading: the eviction reads its clock as it weighs
+ * each unit, so the lock goes in the middle of a walk, at a point the test chooses. */
+static char unlock_path[PATH_MAX];
+static int clock_reads, unlock_at;
+static int64_t clock_that_unlocks(void)
+{
+        if (++clock_reads == unlock_at)
+                CHECK_EQ(unlink(unlock_path), 0);
+        return fake_now;
+}
+
+#define PYOCL "xdg/pyopencl/pyopencl-compiler-cache-v2-py3.11.2.final.0/"
+#define PDICT "xdg/pytools/pdict-v4-pyopencl-invoker-cache-v42-py3.11/abc/def/0123456789abcdef0123456789abcdef/"
+#define KEY_A "0123456789abcdef0123456789abcdef/"
+#define KEY_B "fedcba9876543210fedcba9876543210/"
+
+/* ONE VERDICT PER LOCK (choose.c): PyOpenCL's one lock guards its whole compiler cache. Key A (oldest), a
+ * pytools item, key B (newer), and the cache's lock held by another process. The lock goes while the walk
+ * takes the pytools item, between A and B: A was passed over for the lock, so B is too, in that walk and
+ * in the eviction's later batches; the next eviction takes A first. Judged unit by unit, B went and A
+ * stayed: the key stored just before was evicted ahead of every older one (PyOpenCL's test under ASan). */
+static void test_one_verdict_per_pyopencl_lock(void)
+{
+        const char *f[] = { PYOCL "lock",          PYOCL KEY_A "source.cl", PYOCL KEY_A "binary",
+                            PYOCL KEY_A "info",    PDICT "key",             PDICT "contents",
+                            PYOCL KEY_B "source.cl", PYOCL KEY_B "binary",  PYOCL KEY_B "info" };
+        const char *a = PYOCL KEY_A "info," PYOCL KEY_A "binary," PYOCL KEY_A "source.cl";
+        const char *b = PYOCL KEY_B "info," PYOCL KEY_B "binary," PYOCL KEY_B "source.cl";
+        const char *item = PDICT "contents," PDICT "key";
+        char want[4096];
+        for (int batches = 0; batches < 2; batches++) {
+                struct scene sc;
+                scene_begin(&sc);
+                for (int i = 0; i < 9; i++)
+                        mk(&sc, f[i], i ? 4096 : 0);
+                snprintf(unlock_path, sizeof(unlock_path), "%s/" PYOCL "lock", sc.backing);
+                scene_open(&sc);
+                touch_in_order(&sc, f, 9);
+                fake_now = T0 + 100 * S;
+                sc.fs.ev->now = clock_that_unlocks;
+                clock_reads = 0;
+                unlock_at = 2; /* the walk's first reading is its start; the second, the pytools item */
+                struct kev_busy busy = { 0 };
+                uint64_t cursor = 0;
+                if (!batches) { /* one walk */
+                        CHECK_TAKES(take_in(&sc, UINT64_MAX, SIZE_MAX, &cursor, true, &busy), item);
+                } else { /* a batch as far as the item, the lock goes, the next batch goes on at the cursor */
+                        CHECK_TAKES(take_in(&sc, 1, SIZE_MAX, &cursor, true, &busy), item);
+                        CHECK_TAKES(take_in(&sc, UINT64_MAX, SIZE_MAX, &cursor, true, &busy), "");
+                }
+                kev_busy_free(&busy);
+                CHECK(access(unlock_path, F_OK) != 0);
+                snprintf(want, sizeof(want), "%s|%s|%s", a, item, b); /* the next eviction: LRU order */
+                CHECK_TAKES(take(&sc, UINT64_MAX, SIZE_MAX, NULL, false), want);
+                scene_end(&sc);
+        }
+}
+
 /* The runtimes' data (common/runtimes.c): every runtime can be named, says what it is, and keeps what
  * its descriptor says; the names eviction must never take are kept whatever the layout. */
 static void test_runtime_descriptors(void)
@@ -401,6 +468,7 @@ int main(void)
         test_a_sycl_entry_goes_whole_unless_locked();
         test_mesa_entries_go_one_by_one_and_cuda_whole();
         test_numba_pytools_jax_and_neo_units();
+        test_one_verdict_per_pyopencl_lock();
         test_runtime_descriptors();
         return tutil_done("test-evict-choose");
 }
