@@ -585,52 +585,18 @@ int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
 
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size)
 {
-        /* Walk up through the parents, then reverse the components in place. */
-        if (size == 0)
-                return -ERANGE;
-        size_t len = 0;
-        int r = 0, depth = 0;
-        buf[0] = '\0';
-        pthread_mutex_lock(&idx->db_lock);
-        sqlite3_stmt *st = idx->st[ST_PARENT];
-        for (uint64_t cur = dir;; depth++) {
-                if (depth > 4096) {
-                        r = -ELOOP;
-                        break;
-                }
-                sqlite3_bind_int64(st, 1, (int64_t)cur);
-                int rc = sqlite3_step(st);
-                if (rc != SQLITE_ROW) {
-                        sqlite3_reset(st);
-                        /* No parent row: the walk must have reached the root. */
-                        r = rc != SQLITE_DONE ? kidx__errno(rc) : cur == idx->root_ino ? 0 : -ENOENT;
-                        break;
-                }
-                uint64_t parent = (uint64_t)sqlite3_column_int64(st, 0);
-                const char *name = (const char *)sqlite3_column_text(st, 1);
-                size_t nl = strlen(name);
-                if (len + nl + 2 > size) {
-                        sqlite3_reset(st);
-                        r = -ENAMETOOLONG;
-                        break;
-                }
-                /* Append the component reversed, then a '/'; the whole string is reversed at the end. */
-                for (size_t i = 0; i < nl; i++)
-                        buf[len++] = name[nl - 1 - i];
-                buf[len++] = '/';
-                sqlite3_reset(st);
-                cur = parent;
-        }
-        pthread_mutex_unlock(&idx->db_lock);
+        struct kidx_chain c;
+        int r = kidx_dir_chain(idx, dir, &c);
         if (r < 0)
                 return r;
-        if (len > 0)
-                len--; /* trailing '/' */
-        buf[len] = '\0';
-        for (size_t i = 0; i < len / 2; i++) {
-                char c = buf[i];
-                buf[i] = buf[len - 1 - i];
-                buf[len - 1 - i] = c;
-        }
-        return 0;
+        char *p = kidx_chain_path(&c, c.n);
+        kidx_chain_free(&c);
+        if (!p)
+                return -ENOMEM;
+        size_t len = strlen(p);
+        r = len < size ? 0 : -ENAMETOOLONG;
+        if (r == 0)
+                memcpy(buf, p, len + 1);
+        free(p);
+        return r;
 }

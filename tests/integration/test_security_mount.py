@@ -10,21 +10,9 @@ import subprocess
 import pytest
 
 from conftest import ROOT, Mount, ensure_user, kcachefs_bin, private_dir, wait_for
+from test_security_multiuser import as_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users and mount")
-
-
-def as_user(u, code, *args):
-    """Runs python CODE as user U; returns the errno it reports (0: success)."""
-    prog = ("import errno, os, sys\n"
-            "try:\n" + "".join("    " + line + "\n" for line in code.split("\n")) +
-            "    print(0)\n"
-            "except OSError as e:\n"
-            "    print(e.errno)\n")
-    p = subprocess.run(["runuser", "-u", u.pw_name, "--", "/usr/bin/python3", "-c", prog, *args],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    return int(p.stdout.strip())
 
 
 def mount_options(mnt):
