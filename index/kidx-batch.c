@@ -524,12 +524,11 @@ char *kidx_chain_path(const struct kidx_chain *c, size_t n)
         return p;
 }
 
-int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
+int kidx__dir_chain_locked(kidx *idx, uint64_t dir, struct kidx_chain *ret)
 {
         struct kidx_chain c = { 0 };
         size_t cap = 0;
         int r = 0;
-        pthread_mutex_lock(&idx->db_lock);
         sqlite3_stmt *st = idx->st[ST_PARENT];
         for (uint64_t cur = dir;;) {
                 if (c.n > 65536) {
@@ -566,7 +565,6 @@ int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
                         break;
                 }
         }
-        pthread_mutex_unlock(&idx->db_lock);
         if (r < 0) {
                 kidx_chain_free(&c);
                 return r;
@@ -581,6 +579,14 @@ int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
         }
         *ret = c;
         return 0;
+}
+
+int kidx_dir_chain(kidx *idx, uint64_t dir, struct kidx_chain *ret)
+{
+        pthread_mutex_lock(&idx->db_lock);
+        int r = kidx__dir_chain_locked(idx, dir, ret);
+        pthread_mutex_unlock(&idx->db_lock);
+        return r;
 }
 
 int kidx_dir_path(kidx *idx, uint64_t dir, char *buf, size_t size)

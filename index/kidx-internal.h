@@ -91,3 +91,5 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
 /* Counts used_bytes and files from the files table (db_lock held: nothing flushes meanwhile), and
  * rebuilds sizes from the pending batch, as the next flush will apply it. */
 int kidx__load_sizes(kidx *idx);
+/* kidx_dir_chain with db_lock already held (the rebuild, inside its transaction, sees the dents it wrote). */
+int kidx__dir_chain_locked(kidx *idx, uint64_t dir, struct kidx_chain *ret);

@@ -49,10 +49,8 @@ struct walk {
         uint64_t nfiles, ndirs;
         bool progress;
         const char *skip_name; /* in the root only */
-        uint64_t root_ino;
         uint64_t *deep;        /* directories below WALK_DEPTH, walked afterwards (DEPTH) */
         size_t ndeep, deep_cap;
-        sqlite3_stmt *parent;  /* a directory's name and parent, from the dents written so far */
 };
 
 #define WALK_DEPTH 128
@@ -186,47 +184,14 @@ static int walk_dir(struct walk *w, int dfd, uint64_t dir_ino, int depth, bool t
  * walked: a change made through the mount while the rebuild runs is indexed as it happens). */
 static int open_deep(struct walk *w, uint64_t ino)
 {
-        uint64_t *inos = NULL;
-        char **names = NULL;
-        size_t n = 0, cap = 0;
-        int r = 0;
-        for (uint64_t cur = ino; cur != w->root_ino && r == 0;) {
-                sqlite3_bind_int64(w->parent, 1, (int64_t)cur);
-                int rc = sqlite3_step(w->parent);
-                if (rc != SQLITE_ROW) {
-                        r = rc == SQLITE_DONE ? -ESTALE : kidx__errno(rc);
-                } else if (n == cap) {
-                        cap = cap ? cap * 2 : 256;
-                        uint64_t *ni = realloc(inos, cap * sizeof(*ni));
-                        if (ni)
-                                inos = ni;
-                        char **nn = realloc(names, cap * sizeof(*nn));
-                        if (nn)
-                                names = nn;
-                        r = ni && nn ? 0 : -ENOMEM;
-                }
-                if (r == 0) {
-                        inos[n] = cur;
-                        names[n] = strdup((const char *)sqlite3_column_text(w->parent, 1));
-                        cur = (uint64_t)sqlite3_column_int64(w->parent, 0);
-                        r = names[n++] ? 0 : -ENOMEM;
-                }
-                sqlite3_reset(w->parent);
-        }
-        for (size_t i = 0; i < n / 2; i++) { /* gathered upwards: the root's child first */
-                uint64_t v = inos[i];
-                inos[i] = inos[n - 1 - i];
-                inos[n - 1 - i] = v;
-                char *m = names[i];
-                names[i] = names[n - 1 - i];
-                names[n - 1 - i] = m;
-        }
-        if (r == 0)
-                r = ktree_walk(w->t, n, (const char *const *)names, inos, O_RDONLY);
-        for (size_t i = 0; i < n; i++)
-                free(names[i]);
-        free(names);
-        free(inos);
+        struct kidx_chain c;
+        int r = kidx__dir_chain_locked(w->idx, ino, &c);
+        if (r == -ENOENT)
+                return -ESTALE;
+        if (r < 0)
+                return r;
+        r = ktree_walk(w->t, c.n, (const char *const *)c.names, c.inos, O_RDONLY);
+        kidx_chain_free(&c);
         return r;
 }
 
@@ -259,8 +224,7 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         int r = ktree_init_fd(&t, backing_fd);
         if (r < 0)
                 return r;
-        struct walk w = { .idx = idx, .t = &t, .dev = root.st_dev, .progress = progress, .skip_name = skip_name,
-                          .root_ino = root.st_ino };
+        struct walk w = { .idx = idx, .t = &t, .dev = root.st_dev, .progress = progress, .skip_name = skip_name };
         /* One question to the root for the whole tree: a filesystem without user attributes answers
          * ENOTSUP (EOPNOTSUPP), one with them ENODATA (or the value). */
         w.xattrs = pinned_xattr(backing_fd) >= 0;
@@ -277,9 +241,6 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
         if (rc == SQLITE_OK)
                 rc = sqlite3_prepare_v2(db, "INSERT OR IGNORE INTO temp.scan(ino, bytes, mtime_ns, uid, pinned)"
                                         " VALUES (?1, ?2, ?3, ?4, ?5)", -1, &w.file, NULL);
-        if (rc == SQLITE_OK)
-                rc = sqlite3_prepare_v2(db, "SELECT dir, name FROM dents WHERE ino = ?1 AND type = 2 LIMIT 1", -1,
-                                        &w.parent, NULL);
         if ((r = kidx__errno(rc)) < 0)
                 goto rollback;
 
@@ -303,8 +264,7 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
                 goto rollback;
         sqlite3_finalize(w.dent);
         sqlite3_finalize(w.file);
-        sqlite3_finalize(w.parent);
-        w.dent = w.file = w.parent = NULL;
+        w.dent = w.file = NULL;
         /* Evictions under way when the last daemon died: logged if their file is gone (the write-ahead
          * intents of kidx_evict_intents). */
         sqlite3_stmt *is;
@@ -352,7 +312,6 @@ int kidx__rebuild(kidx *idx, int backing_fd, const char *skip_name, bool progres
 rollback:
         sqlite3_finalize(w.dent);
         sqlite3_finalize(w.file);
-        sqlite3_finalize(w.parent);
         kidx__exec(db, "ROLLBACK");
 out:
         pthread_mutex_unlock(&idx->db_lock);
