@@ -116,7 +116,6 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
         } else if (rt == KRT_SYCL) {
                 int lk = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL, 0200);
                 if (lk >= 0) {
-                        struct stat ls;
                         int fd = ktree_open_file(&fs->tree, dfd, KFS_SYCL_SIZE_FILE, O_WRONLY | O_TRUNC, 0);
                         if (fd >= 0) {
                                 char v[32];
@@ -128,8 +127,10 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
                                         note_rewritten(fs, fd, nl);
                                 close(fd);
                         }
-                        if (fstat(lk, &ls) == 0) /* ours, not one a runtime made since */
-                                (void)ktree_unlink(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, &ls, 0);
+                        /* Removed only while the name still is ours (not one a runtime made since), and
+                         * as eviction removes a file: a process that looked it up while we held it (ls,
+                         * stat, SYCL's own O_EXCL) has it in the kernel's cache, which must learn it went. */
+                        kev_remove_noted(fs, dfd, KFS_SYCL_SIZE_LOCK, lk, nl);
                         close(lk);
                 } else {
                         done = lk != -EEXIST;

@@ -12,6 +12,7 @@ import random
 import struct
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -189,6 +190,7 @@ def test_neo_never_refuses_and_its_size_file_stays_honest(kfs):
 
 # ---------------------------------------------------------------- SYCL
 SYCL_MAX = 64 << 20
+KFS_SYCL_LOCK = "cache_size.txt.lock"
 
 
 def sycl_worker(mnt, wid, nkeys, stop_at, q):
@@ -281,6 +283,54 @@ def test_sycl_never_wipes_and_never_serves_a_torn_entry(kfs):
     while any(os.path.exists(p) for p in locks) and time.monotonic() < end:
         time.sleep(0.05)
     assert not [p for p in locks if os.path.exists(p)], "stale locks"
+    index_matches_tree(m)
+
+
+def test_the_repairs_own_lock_is_gone_for_whoever_saw_it(kfs):
+    """The daemon repairs cache_size.txt under cache_size.txt.lock, made and removed in the backing
+    directory. A process that looked the lock up meanwhile (ls, stat, SYCL's O_EXCL spin) has it in the
+    kernel's cache, for the mount's timeout (an hour) unless the daemon says it went: stat then showed it
+    for good, and a full run saw it stay. Many small files make each repair's count (and so its hold)
+    long; each look drops the root's cached listing first (a create and unlink), so the next listing
+    asks the daemon and may meet the lock."""
+    m = kfs({"max_size": "1M", "grace_ms": GRACE})
+    root = m.path("sycl")
+    lock = os.path.join(root, "cache_size.txt.lock")
+    os.makedirs(os.path.join(root, "pad"))
+    with open(os.path.join(root, "cache_size.txt"), "w") as f:
+        f.write("0")
+    for j in range(2000):
+        open(os.path.join(root, "pad", f"p{j}"), "wb").close()
+    stop = threading.Event()
+    seen = []
+
+    def look():
+        while not stop.is_set():
+            open(os.path.join(root, "x"), "wb").close()
+            os.unlink(os.path.join(root, "x"))
+            if KFS_SYCL_LOCK in os.listdir(root) and os.path.exists(lock):
+                seen.append(1)
+
+    t = threading.Thread(target=look)
+    t.start()
+    end = time.monotonic() + 30
+    i = 0
+    try:
+        while time.monotonic() < end and len(seen) < 10:
+            d = os.path.join(root, "dev0", f"img{i % 50}", "spec0")
+            os.makedirs(d, exist_ok=True)
+            for suffix, content in ((".bin", payload(i, 16 * K)), (".src", b"s"), ("_access_time.txt", b"1")):
+                with open(os.path.join(d, f"{i}{suffix}"), "wb") as f:
+                    f.write(content)
+            i += 1
+    finally:
+        stop.set()
+        t.join()
+    assert seen, "the lock was never seen held: this test saw nothing"
+    wait_for(lambda: not os.path.exists(os.path.join(m.backing, "sycl", KFS_SYCL_LOCK)), what="the repair's end")
+    time.sleep(0.2)
+    assert not os.path.exists(os.path.join(m.backing, "sycl", KFS_SYCL_LOCK))
+    assert not os.path.exists(lock), "the mount still shows the lock the daemon removed"
     index_matches_tree(m)
 
 
