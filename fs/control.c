@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "parse.h"
 #include "kfs.h"
 
 #define PREFIX "user.kcachefs."
@@ -310,13 +311,12 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
                 uint64_t x;
                 int64_t r;
                 if (!strncmp(v, "to=", 3)) {
-                        if (kfs_parse_size(v + 3, &x) < 0 && strcmp(v + 3, "0"))
+                        if (kparse_size(v + 3, &x, 1) < 0)
                                 return -EINVAL;
-                        r = kev_evict_to(fs, strcmp(v + 3, "0") ? x : 0, false); /* explicit: no grace */
+                        r = kev_evict_to(fs, x, false); /* explicit: no grace */
                 } else if (!strncmp(v, "older=", 6)) {
-                        char *end;
-                        double secs = strtod(v + 6, &end);
-                        if (end == v + 6 || *end || secs < 0)
+                        double secs;
+                        if (kparse_duration(v + 6, &secs, 1) < 0) /* finite: "nan" evicted nothing, said done */
                                 return -EINVAL;
                         r = kev_evict_older(fs, kfs_now_ns() - (int64_t)(secs * 1e9));
                 } else {

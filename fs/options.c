@@ -8,39 +8,12 @@
 #include <string.h>
 
 #include "kfs.h"
+#include "parse.h"
 
-/* "123", "64K", "512M", "1G", "2T" (powers of 1024; "KiB", "KB", "k" also accepted). Zero is refused. */
+/* The limit and other sizes: common/parse.h. Zero is refused. */
 int kfs_parse_size(const char *s, uint64_t *ret)
 {
-        if (!s || !isdigit((unsigned char)*s))
-                return -EINVAL;
-        uint64_t v = 0;
-        for (; isdigit((unsigned char)*s); s++) {
-                if (v > (UINT64_MAX - 9) / 10)
-                        return -ERANGE;
-                v = v * 10 + (uint64_t)(*s - '0');
-        }
-        unsigned shift = 0;
-        switch (toupper((unsigned char)*s)) {
-        case '\0':
-                break;
-        case 'K': shift = 10; s++; break;
-        case 'M': shift = 20; s++; break;
-        case 'G': shift = 30; s++; break;
-        case 'T': shift = 40; s++; break;
-        default:
-                return -EINVAL;
-        }
-        if (shift && (!strcmp(s, "iB") || !strcmp(s, "B") || !strcmp(s, "b")))
-                s += strlen(s);
-        if (*s != '\0')
-                return -EINVAL;
-        if (v == 0)
-                return -EDOM;
-        if (shift && v > (UINT64_MAX >> shift))
-                return -ERANGE;
-        *ret = v << shift;
-        return 0;
+        return kparse_size(s, ret, 0);
 }
 
 /* "GLOB:GLOB:..." into a NULL-terminated array; empty items are skipped. "" gives an empty list. */
