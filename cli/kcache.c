@@ -179,7 +179,7 @@ static int kc_stats(int argc, char **argv)
         }
         if (!(mount = kc_mount_or_default(mount)))
                 return 1;
-        char json[4096], index[PATH_MAX];
+        char json[65536], index[PATH_MAX];
         if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
                 return kc_fail("%s: cannot read the statistics: %s", mount, strerror(errno));
         (void)kc_set(mount, "flush", "1"); /* current per-user totals, if we may ask */
@@ -206,7 +206,11 @@ static int kc_stats(int argc, char **argv)
                         { "refetches", "counter" }, { "refetch_bytes", "counter" },
                         { "suggested_max_bytes", "gauge" }, { "refused_writes", "counter" },
                         { "refused_need_bytes", "gauge" }, { "inodes", "gauge" }, { "detached_inodes", "gauge" },
-                        { "pruned_names", "counter" },
+                        { "pruned_names", "counter" }, { "remote_hits", "counter" }, { "remote_misses", "counter" },
+                        { "remote_remembered", "counter" }, { "remote_timeouts", "counter" },
+                        { "remote_errors", "counter" }, { "remote_corrupt", "counter" }, { "remote_dirs", "counter" },
+                        { "remote_publishes", "counter" }, { "remote_published_before", "counter" },
+                        { "remote_bytes_in", "counter" }, { "remote_bytes_out", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
                         const char *name = metrics[i][0], *type = metrics[i][1];
@@ -254,6 +258,17 @@ static int kc_stats(int argc, char **argv)
                 printf("inodes      %" PRIu64 " the kernel knows, %" PRIu64 " of them evicted and not yet forgotten; "
                        "%" PRIu64 " evicted names pruned from its cache\n",
                        kc_num(mount, "inodes"), kc_num(mount, "detached_inodes"), kc_num(mount, "pruned_names"));
+                if (kc_get(mount, "remote", pt, sizeof(pt)) > 0) { /* the shared tier (kcachefs(8), SHARED TIER) */
+                        kc_human(kc_num(mount, "remote_bytes_in"), a, sizeof(a));
+                        kc_human(kc_num(mount, "remote_bytes_out"), b, sizeof(b));
+                        printf("remote      %s: %" PRIu64 " units fetched (%s), %" PRIu64 " misses (%" PRIu64
+                               " more remembered), %" PRIu64 " timeouts, %" PRIu64 " errors, %" PRIu64
+                               " bad values; %" PRIu64 " published (%s), %" PRIu64 " already there\n",
+                               pt, kc_num(mount, "remote_hits"), a, kc_num(mount, "remote_misses"),
+                               kc_num(mount, "remote_remembered"), kc_num(mount, "remote_timeouts"),
+                               kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"),
+                               kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"));
+                }
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
                 if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */
                         kc_human(kc_num(mount, "refetch_bytes"), a, sizeof(a));
@@ -730,7 +745,7 @@ static char *kc_json_field(const char *json, const char *key)
 /* Returns the number of differences, or -errno. */
 static long kc_compare(const char *mount, bool quiet)
 {
-        char json[4096], index[PATH_MAX];
+        char json[65536], index[PATH_MAX];
         if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
                 return -errno;
         char *backing = kc_json_field(json, "backing");

@@ -13,7 +13,11 @@
  *                      the low watermark run ahead of the writes, evict/evict.h HOW FAR), index_bytes
  *                      (the index's database and WAL on disk), wal_bytes (the WAL alone), inode_fds,
  *                      fd_reopens, refetches, refetch_bytes, suggested_max_bytes, refused_writes,
- *                      refused_need_bytes (evict/misses.c), stats (JSON)
+ *                      refused_need_bytes (evict/misses.c), remote (where the shared tier is; absent
+ *                      without one), remote_hits, remote_misses, remote_remembered, remote_timeouts,
+ *                      remote_errors, remote_corrupt, remote_dirs, remote_publishes,
+ *                      remote_published_before, remote_bytes_in, remote_bytes_out (remote/remote.h),
+ *                      stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
@@ -36,6 +40,7 @@
 
 #include "parse.h"
 #include "kfs.h"
+#include "remote/remote.h"
 
 #define PREFIX "user.kcachefs."
 #define PREFIX_LEN (sizeof(PREFIX) - 1)
@@ -45,7 +50,10 @@ static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", 
                                           "passthrough", "passthrough_opens", "transport", "ring_requests",
                                           "helped_writes", "blocked_writes", "background_evictions",
                                           "index_bytes", "wal_bytes", "inode_fds", "fd_reopens", "inodes",
-                                          "detached_inodes", "pruned_names" };
+                                          "detached_inodes", "pruned_names", "remote_hits", "remote_misses",
+                                          "remote_remembered", "remote_timeouts", "remote_errors", "remote_corrupt",
+                                          "remote_dirs", "remote_publishes", "remote_published_before",
+                                          "remote_bytes_in", "remote_bytes_out" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -89,7 +97,9 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
         kev_counts(fs, &ec);
         uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0, live, detached;
         inode_counts(fs, &live, &detached);
-        char why[200], how[200], jpt[1300], jhow[1300], jindex[6 * 4096 + 8], jbacking[6 * 4096 + 8];
+        char why[200], how[200], jpt[1300], jhow[1300], jindex[6 * 4096 + 8], jbacking[6 * 4096 + 8], jremote[6 * 600];
+        struct kfs_remote_counts rc;
+        kfs_remote_counts(fs, &rc);
         return snprintf(buf, size,
                         "{\"version\":\"%s\",\"max_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
                         ",\"free_bytes\":%" PRIu64 ",\"files\":%" PRIu64 ",\"entries\":%" PRIu64
@@ -102,7 +112,11 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"fd_reopens\":%" PRIu64 ",\"refetches\":%" PRIu64 ",\"refetch_bytes\":%" PRIu64
                         ",\"suggested_max_bytes\":%" PRIu64 ",\"refused_writes\":%" PRIu64
                         ",\"refused_need_bytes\":%" PRIu64 ",\"inodes\":%" PRIu64 ",\"detached_inodes\":%" PRIu64
-                        ",\"pruned_names\":%" PRIu64 "}",
+                        ",\"pruned_names\":%" PRIu64 ",\"remote\":\"%s\",\"remote_hits\":%" PRIu64
+                        ",\"remote_misses\":%" PRIu64 ",\"remote_remembered\":%" PRIu64 ",\"remote_timeouts\":%" PRIu64
+                        ",\"remote_errors\":%" PRIu64 ",\"remote_corrupt\":%" PRIu64 ",\"remote_dirs\":%" PRIu64
+                        ",\"remote_publishes\":%" PRIu64 ",\"remote_published_before\":%" PRIu64
+                        ",\"remote_bytes_in\":%" PRIu64 ",\"remote_bytes_out\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark,
                         json_str(fs->o.index_path, jindex, sizeof(jindex)), json_str(fs->o.backing, jbacking, sizeof(jbacking)),
@@ -112,7 +126,10 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ec.descents, s.db_bytes + s.wal_bytes, s.wal_bytes,
                         kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens), ec.refetches, ec.refetch_bytes,
                         ec.suggested_max_bytes, ec.refused_writes, ec.refused_need_bytes, live, detached,
-                        (uint64_t)atomic_load(&fs->kprune.sent));
+                        (uint64_t)atomic_load(&fs->kprune.sent),
+                        json_str(kfs_remote_where(fs) ? kfs_remote_where(fs) : "", jremote, sizeof(jremote)), rc.hits,
+                        rc.misses, rc.remembered, rc.timeouts, rc.errors, rc.corrupt, rc.dirs, rc.publishes,
+                        rc.published_before, rc.bytes_in, rc.bytes_out);
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
@@ -134,6 +151,10 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 return snprintf(buf, size, "%s", kfs_pt_state(fs, why, sizeof(why)));
         if (!strcmp(n, "transport"))
                 return snprintf(buf, size, "%s", kfs_ring_state(fs, why, sizeof(why)));
+        if (!strcmp(n, "remote"))
+                return kfs_remote_where(fs) ? snprintf(buf, size, "%s", kfs_remote_where(fs)) : -ENODATA;
+        struct kfs_remote_counts rc;
+        kfs_remote_counts(fs, &rc);
         const struct { const char *name; uint64_t v; } nums[] = {
                 { "max_bytes", max }, { "used_bytes", s.used_bytes },
                 { "free_bytes", s.used_bytes < max ? max - s.used_bytes : 0 }, { "files", s.files },
@@ -151,6 +172,11 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "refused_need_bytes", ec.refused_need_bytes },
                 { "inodes", live }, { "detached_inodes", detached },
                 { "pruned_names", atomic_load(&fs->kprune.sent) },
+                { "remote_hits", rc.hits }, { "remote_misses", rc.misses }, { "remote_remembered", rc.remembered },
+                { "remote_timeouts", rc.timeouts }, { "remote_errors", rc.errors }, { "remote_corrupt", rc.corrupt },
+                { "remote_dirs", rc.dirs }, { "remote_publishes", rc.publishes },
+                { "remote_published_before", rc.published_before }, { "remote_bytes_in", rc.bytes_in },
+                { "remote_bytes_out", rc.bytes_out },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))

@@ -110,6 +110,10 @@ struct kfs_opts {
         int tighten;              /* -o tighten: close the backing's parent to others where safe (reach.c) */
         int allow_other;          /* -o allow_other given: a shared mount (kept for libfuse) */
         int default_permissions;  /* -o default_permissions given (kept for libfuse) */
+        char *remote_url;         /* -o remote=: the shared tier (remote/remote.h), or NULL */
+        char *remote_auth;        /* -o remote_auth=FILE: its password, or user and password */
+        unsigned remote_timeout_ms; /* a lookup's deadline for the server */
+        double remote_negative_s; /* a miss of the server remembered this long */
         int show_help, show_version;
 };
 
@@ -240,6 +244,7 @@ struct kfs {
 
         _Atomic uint64_t users_ino; /* backing inode of users/ once seen sound (users.c, U1); 0: not yet */
         struct kev *ev;           /* eviction's state (evict/state.c) */
+        struct kfs_remote *remote; /* the shared tier (remote/), or NULL: none */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         struct {                    /* written files, measured again after writeback (settle.c) */
                 pthread_mutex_t lock;

@@ -27,11 +27,14 @@
 #include <unistd.h>
 
 #include "kfs.h"
+#include "remote/remote.h"
 
 #define DEFAULT_MAX_SIZE "1G"
 #define DEFAULT_LOW_WATERMARK 90
 #define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
 #define DEFAULT_TIMEOUT 3600.0
+#define DEFAULT_REMOTE_TIMEOUT_MS 5 /* a round trip in a data centre is well under 1 ms */
+#define DEFAULT_REMOTE_NEGATIVE_S 5.0
 #define LOCK_WAIT_MS 30000 /* for a daemon that is stopping to let go of the index */
 
 static void usage(const char *prog)
@@ -173,6 +176,12 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("invalid timeout: must not be negative");
         if (o->tmp_age < 0)
                 return fail("invalid tmp_age: must not be negative");
+        if (o->remote_timeout_ms < 1 || o->remote_timeout_ms > 60000)
+                return fail("invalid remote_timeout_ms %u: expected 1 to 60000", o->remote_timeout_ms);
+        if (!(o->remote_negative_s >= 0 && o->remote_negative_s <= 86400))
+                return fail("invalid remote_negative_s: expected 0 to 86400 seconds");
+        if (o->remote_auth && !o->remote_url)
+                return fail("remote_auth= needs remote=");
         if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0)
                 return fail("invalid layout '%s': expected RT or DIR=RT[:DIR=RT...] with RT one of neo, sycl, "
                             "pocl, triton, jax, cuda, numba, pyopencl, mesa, file, auto", o->layout_str);
@@ -573,6 +582,8 @@ int main(int argc, char *argv[])
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
+        fs.o.remote_timeout_ms = DEFAULT_REMOTE_TIMEOUT_MS;
+        fs.o.remote_negative_s = DEFAULT_REMOTE_NEGATIVE_S;
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
         if (fs.o.show_help) {
@@ -605,7 +616,7 @@ int main(int argc, char *argv[])
                 goto out_args;
         }
         if (check_opts(&fs.o, cmd.mountpoint) || check_fuse_opts(&args) || check_not_mounted(fs.o.mountpoint) ||
-            check_reach(&fs.o))
+            check_reach(&fs.o) || kfs_remote_init(&fs) < 0)
                 goto out_args;
         if (fs.o.allow_other && !fs.o.default_permissions)
                 fprintf(stderr, "kcachefs: allow_other: default_permissions added: kcachefs checks no permissions "
@@ -672,6 +683,7 @@ int main(int argc, char *argv[])
                 fs.o.backing, fs.o.mountpoint, (unsigned long long)fs.o.max_size, (unsigned long long)ks.files,
                 (unsigned long long)kidx_used(fs.idx));
         kev_start(&fs);
+        kfs_remote_start(&fs);
 
         if (cmd.singlethread) {
                 ret = fuse_session_loop(fs.se);
@@ -701,6 +713,7 @@ int main(int argc, char *argv[])
         mark_lock(lock_fd, "stopping", NULL);
         sd_notify("STOPPING=1");
 out_unmount:
+        kfs_remote_stop(&fs); /* its publisher reads the tree through the index's names */
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */
         kev_stop(&fs);
         kfs_kprune_stop(&fs);
@@ -720,6 +733,7 @@ out_idx:
                         ret == 0 ? "flushed and marked clean" : "left to be reconciled at the next mount");
 out_fs:
         kev_free(&fs);
+        kfs_remote_free(&fs);
         kfs_inode_table_free(&fs);
         if (fs.tree.root >= 0)
                 close(fs.tree.root);
@@ -730,6 +744,7 @@ out_fs:
         if (lock_fd >= 0)
                 close(lock_fd);
 out_args:
+        kfs_remote_free(&fs); /* where it was made and the start failed before out_fs */
         kfs_free_opts(&fs.o);
         free(cmd.mountpoint);
         fuse_opt_free_args(&args);

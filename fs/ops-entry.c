@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "kfs.h"
+#include "remote/remote.h"
 
 void kfs_fix_attr(const struct kfs_inode *in, struct stat *st)
 {
@@ -152,12 +153,21 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
                 kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* the lookup's reference: not replied */
                 r = -ENOENT;
         }
+        if (r == -ENOENT && fs->remote && !kfs_stale(dir)) { /* the shared tier may have it (remote/fetch.c) */
+                int dfd = kfs_inode_fd(fs, dir);
+                if (dfd >= 0 && kfs_remote_fetch(fs, req, dir, dfd, name) == 0) {
+                        kfs_inode_fd_put(fs, dir, dfd);
+                        r = kfs_do_lookup(fs, dir, name, &e);
+                } else if (dfd >= 0) {
+                        kfs_inode_fd_put(fs, dir, dfd);
+                }
+        }
         if (r == -ENOENT && kfs_users_uncached(fs, dir, name)) {
                 fuse_reply_err(req, ENOENT); /* a miss the kernel never caches (users.c, U4) */
         } else if (r == -ENOENT) {
                 /* A negative entry: the kernel caches the miss until a create through the mount. */
                 memset(&e, 0, sizeof(e));
-                e.entry_timeout = fs->o.timeout;
+                e.entry_timeout = kfs_remote_negative_timeout(fs, fs->o.timeout); /* another node may store it */
                 fuse_reply_entry(req, &e);
         } else if (r < 0) {
                 fuse_reply_err(req, -r);
@@ -591,6 +601,8 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
         kfs_names_unlock(fs, od->bino, nd->bino);
         if (moved == 0 && !replaced && !exchange && S_ISREG(src.st_mode)) /* stored by temp and rename */
                 kev_miss_made(fs, nfd, newname); /* (evict/misses.c) */
+        if (moved == 0 && S_ISREG(src.st_mode))
+                kfs_remote_note_name(fs, nfd, newname); /* renamed into place: its unit may be whole */
         char okey[600], nkey[600]; /* where a runtime's mark may be kept (evict/marks.c) */
         bool omark = moved == 0 && S_ISDIR(src.st_mode) && mark_key(fs, od, ofd, name, okey, sizeof(okey));
         bool nmark = moved == 0 && mark_key(fs, nd, nfd, newname, nkey, sizeof(nkey));

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kfs.h"
+#include "remote/remote.h"
 
 #define BLK 4096ULL
 
@@ -407,6 +408,8 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         bool pt = h || (fi->fh & KFS_FH_PT);
         if (h) {
                 int fd = atomic_load(&h->fd);
+                if (fd >= 0 && is_writer(fi->flags))
+                        kfs_remote_note_fd(fs, fd);
                 if (fd >= 0)
                         kfs_flock_close(fs, fd);
                 free(h);
@@ -417,6 +420,8 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                         kev_measure(fs, in, (int)(uint32_t)fi->fh, 0);
                         kfs_settle_note(fs, in);
                 }
+                if (is_writer(fi->flags))
+                        kfs_remote_note_fd(fs, (int)(uint32_t)fi->fh); /* its unit may be whole now */
                 kfs_flock_close(fs, (int)(uint32_t)fi->fh);
         }
         kfs_pt_release(fs, in, pt);

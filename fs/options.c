@@ -47,6 +47,8 @@ int kfs_parse_pins(const char *s, char ***ret)
 
 void kfs_free_opts(struct kfs_opts *o)
 {
+        free(o->remote_url);
+        free(o->remote_auth);
         free(o->backing);
         free(o->mountpoint);
         free(o->mountpoint_arg);
@@ -87,6 +89,10 @@ static const struct fuse_opt kfs_optspec[] = {
         FUSE_OPT_KEY("uring", FUSE_OPT_KEY_DISCARD), /* the default, accepted where said explicitly */
         OPT("rebuild", rebuild),
         OPT("tighten", tighten),
+        OPT("remote=%s", remote_url),
+        OPT("remote_auth=%s", remote_auth),
+        OPT("remote_timeout_ms=%u", remote_timeout_ms),
+        OPT("remote_negative_s=%lf", remote_negative_s),
         /* libfuse's, noted and passed on: a shared mount gets default_permissions,nosuid,nodev (main.c) */
         FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
         FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),

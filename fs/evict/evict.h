@@ -206,6 +206,21 @@ void kev_marks_load(struct kfs *fs);
  * a refetch if eviction removed that name lately (misses.c). No lock of ours held. */
 void kev_miss_made(struct kfs *fs, int dfd, const char *name);
 
+/* units.c: the runtime's entry a file belongs to (also what the shared tier shares, fs/remote/). */
+struct kev_unit {
+        enum krt rt;
+        char *root;               /* the entry's directory, relative */
+        char **members;           /* regular files, relative, in deletion order */
+        size_t n;
+        char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
+        bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
+        enum krt forced;          /* the runtime layout= or kcache env's mark gives its path, or KRT_AUTO */
+        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
+        char *lock_dir;           /* PyOpenCL: the cache whose one lock guards every unit in it (kev_busy) */
+};
+int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u);
+void kev_unit_free(struct kev_unit *u);
+
 /* What eviction has done since mount, for kcache stats. */
 struct kev_counts {
         uint64_t helped_writes;   /* writes granted room by another request's eviction (HELPING) */

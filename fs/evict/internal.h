@@ -194,17 +194,7 @@ struct kev {
         } reap;
 };
 
-/* One logical entry of a runtime: evicted whole or not at all (units.c). */
-struct kev_unit {
-        enum krt rt;
-        char *root;               /* the entry's directory, relative */
-        char **members;           /* regular files, relative, in deletion order */
-        size_t n;
-        char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
-        bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
-        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
-        char *lock_dir;           /* PyOpenCL: the cache whose one lock guards every unit in it (kev_busy) */
-};
+/* One logical entry of a runtime, evicted whole or not at all: struct kev_unit (evict.h, units.c). */
 
 static inline int64_t kev_now(const struct kfs *fs)
 {
@@ -287,9 +277,7 @@ void kev_descent_join(struct kfs *fs);
 /* units.c: the runtimes' entries */
 /* Whether the file at path never goes (a runtime's lock or bookkeeping, a young temporary file). */
 bool kev_unit_protected(const struct kfs *fs, const char *path, int64_t atime_ns, int64_t now_ns);
-/* The unit the file at path belongs to. */
-int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *ret);
-void kev_unit_free(struct kev_unit *u);
+/* The unit the file at path belongs to: kev_unit_resolve (evict.h). */
 
 /* misses.c: what a limit too small costs */
 /* An eviction removed the name at path (relative to the backing root), of a file of bytes. */

@@ -614,6 +614,7 @@ int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
                 return -ENOMEM;
         f.dir = dir;
         u->root = dir; /* the recogniser may put a directory of its own in its place */
+        u->forced = f.forced;
         if (f.forced != KRT_FILE && !is_temporary(path))
                 for (size_t i = 0; i < sizeof(recognisers) / sizeof(*recognisers); i++) {
                         if (f.forced != KRT_AUTO && f.forced != recognisers[i].rt)

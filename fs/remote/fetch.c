@@ -1,0 +1,333 @@
+/* fetch.c: read-through (remote.h, READ-THROUGH and TRUST). A lookup that found no name asks the server
+ * for it; on a directory marker the directory is made, on a unit every member the node lacks is written
+ * beneath the root, the file the runtime tests for the entry last, before the lookup is answered.
+ *
+ * What must stay true:
+ *   F1 Only for the uid that owns the directory asked in, from that uid's namespace, as files that uid
+ *      owns, into directories that uid owns: a fetch writes nothing its asker could not have written.
+ *   F2 Every path comes from the server, so every one is checked (value.c) and resolved beneath the
+ *      root through the tree door; a unit's files all lie beneath the directory of its marker file.
+ *   F3 A member is written whole under no name (O_TMPFILE) and linked into place only if the name is
+ *      free: the runtime never sees a partial file, and a file it made meanwhile is never replaced.
+ *   F4 The room is reserved before anything is written (the limit holds), and each file and directory
+ *      made is in the index before the lookup is answered.
+ *   F5 Any failure is a miss: the runtime compiles, as it would with no remote. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../evict/evict.h"
+#include "internal.h"
+#include "value.h"
+
+static int64_t mono_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+double kfs_remote_negative_timeout(const struct kfs *fs, double timeout)
+{
+        return fs->remote && fs->remote->negative_s < timeout ? fs->remote->negative_s : timeout;
+}
+
+/* Whether a miss of (uid, path) is remembered; neg_lock taken. */
+static bool remembered(struct kfs_remote *r, uint64_t h)
+{
+        pthread_mutex_lock(&r->neg_lock);
+        void *v = kmap_get(&r->neg, h);
+        bool yes = v && (int64_t)(uintptr_t)v > mono_ns();
+        if (v && !yes)
+                kmap_del(&r->neg, h);
+        pthread_mutex_unlock(&r->neg_lock);
+        return yes;
+}
+
+static void remember(struct kfs_remote *r, uint64_t h)
+{
+        pthread_mutex_lock(&r->neg_lock);
+        if (r->neg.count > 65536) { /* bounded: the oldest are not worth a scan; start again */
+                kmap_free(&r->neg);
+                kmap_init(&r->neg);
+        }
+        (void)kmap_put(&r->neg, h, (void *)(uintptr_t)(mono_ns() + (int64_t)(r->negative_s * 1e9)));
+        pthread_mutex_unlock(&r->neg_lock);
+}
+
+/* GET key within ms. The reply (a string or nil), or NULL on a failure (counted, connection dropped). */
+static redisReply *get(struct kfs_remote *r, const char *key, unsigned ms)
+{
+        redisContext *c = kfs_remote_conn(r, ms);
+        if (!c)
+                return NULL;
+        redisReply *rep = redisCommand(c, "GET %b", key, strlen(key));
+        if (!rep) {
+                if (c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == EWOULDBLOCK || strstr(c->errstr, "temporarily")))
+                        atomic_fetch_add(&r->timeouts, 1); /* the deadline passed */
+                else
+                        atomic_fetch_add(&r->errors, 1);
+                kfs_remote_conn_failed(r, c);
+                return NULL;
+        }
+        if (rep->type != REDIS_REPLY_STRING && rep->type != REDIS_REPLY_NIL) {
+                atomic_fetch_add(&r->errors, 1); /* an error reply: NOAUTH, NOPERM (an ACL), ... */
+                freeReplyObject(rep);
+                return NULL;
+        }
+        return rep;
+}
+
+static void del(struct kfs_remote *r, const char *key)
+{
+        redisContext *c = kfs_remote_conn(r, r->timeout_ms);
+        redisReply *rep = c ? redisCommand(c, "DEL %b", key, strlen(key)) : NULL;
+        if (rep)
+                freeReplyObject(rep);
+        else if (c)
+                kfs_remote_conn_failed(r, c);
+}
+
+struct asker {
+        uid_t uid;
+        gid_t gid;
+        bool chown;               /* the daemon is root: what it makes is given to the asker */
+};
+
+/* The directory rel (beneath the root), opened O_PATH, made on the way where missing (owned by the asker,
+ * indexed). Every directory on the way that the fetch writes into is the asker's (F1). */
+static int open_dir(struct kfs *fs, const struct asker *a, const char *rel, size_t skip)
+{
+        int fd = ktree_open(&fs->tree, KTREE_ROOT, "", O_PATH | O_DIRECTORY, 0);
+        if (fd < 0)
+                return fd;
+        char *copy = strdup(rel), *save = NULL;
+        if (!copy) {
+                close(fd);
+                return -ENOMEM;
+        }
+        size_t depth = 0;
+        for (char *c = strtok_r(copy, "/", &save); c; c = strtok_r(NULL, "/", &save), depth++) {
+                int n = ktree_open(&fs->tree, fd, c, O_PATH | O_DIRECTORY, 0);
+                if (n == -ENOENT && depth >= skip) {
+                        struct stat ps;
+                        if (fstat(fd, &ps) < 0 || ps.st_uid != a->uid) {
+                                n = -EACCES;
+                        } else if ((n = ktree_mkdir(&fs->tree, fd, c, 0755)) == 0 || n == -EEXIST) {
+                                bool made = n == 0;
+                                n = ktree_open(&fs->tree, fd, c, O_PATH | O_DIRECTORY, 0);
+                                struct stat st;
+                                if (n >= 0 && made && fstat(n, &st) == 0) {
+                                        if (a->chown)
+                                                (void)fchownat(n, "", a->uid, a->gid, AT_EMPTY_PATH);
+                                        kidx_add_dent(fs->idx, ps.st_ino, c, st.st_ino, KIDX_DIR);
+                                        atomic_fetch_add(&fs->remote->dirs, 1);
+                                }
+                        }
+                }
+                close(fd);
+                if (n < 0) {
+                        free(copy);
+                        return n;
+                }
+                fd = n;
+        }
+        free(copy);
+        return fd;
+}
+
+/* One member, whole, under no name, linked into place if the name is free (F3). 1: written; 0: the name
+ * was taken; -errno. */
+static int write_member(struct kfs *fs, const struct asker *a, int dfd, const char *name, const struct krv_file *f)
+{
+        struct stat ds;
+        if (fstat(dfd, &ds) < 0)
+                return -errno;
+        if (ds.st_uid != a->uid)
+                return -EACCES; /* F1 */
+        struct stat st;
+        if (ktree_stat(&fs->tree, dfd, name, &st) == 0)
+                return 0; /* the node has it: never replaced */
+        int fd = ktree_open(&fs->tree, dfd, ".", O_TMPFILE | O_WRONLY, 0600);
+        if (fd < 0)
+                return fd;
+        int r = 0;
+        for (uint64_t off = 0; r == 0 && off < f->size;) {
+                ssize_t w = pwrite(fd, f->data + off, f->size - off, (off_t)off);
+                if (w < 0 && errno != EINTR)
+                        r = -errno;
+                else if (w > 0)
+                        off += (uint64_t)w;
+        }
+        if (r == 0 && a->chown && fchown(fd, a->uid, a->gid) < 0)
+                r = -errno;
+        if (r == 0 && fchmod(fd, f->mode & 0777) < 0)
+                r = -errno;
+        if (r == 0 && fstat(fd, &st) < 0)
+                r = -errno;
+        if (r == 0) {
+                r = ktree_link(&fs->tree, fd, dfd, name);
+                if (r == -EEXIST)
+                        r = 0; /* the runtime stored it meanwhile: its own file stays (F3) */
+                else if (r == 0) {
+                        kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, a->uid, kfs_now_ns());
+                        kidx_add_dent(fs->idx, ds.st_ino, name, st.st_ino, KIDX_REG);
+                        r = 1;
+                }
+        }
+        close(fd); /* an unlinked O_TMPFILE goes with it */
+        return r;
+}
+
+/* The directory part of path ("" for none), malloc'ed. */
+static char *dir_part(const char *path)
+{
+        const char *s = strrchr(path, '/');
+        return s ? strndup(path, (size_t)(s - path)) : strdup("");
+}
+
+/* Writes unit u, fetched for path, beneath the root (F1-F4). 0 if path is there afterwards. */
+static int materialize(struct kfs *fs, const struct asker *a, const struct krv_unit *u, const char *path)
+{
+        /* F2: the marker is the last file; all of them lie beneath its directory, and path is one of them
+         * or a directory on the way to one. */
+        char *top = dir_part(u->files[u->n - 1].path);
+        if (!top)
+                return -ENOMEM;
+        size_t tl = strlen(top);
+        bool found = false;
+        uint64_t need = 0;
+        int r = 0;
+        for (size_t i = 0; i < u->n && r == 0; i++) {
+                const char *p = u->files[i].path;
+                if (tl && (strncmp(p, top, tl) || p[tl] != '/'))
+                        r = -EBADMSG;
+                size_t pl = strlen(path);
+                found |= !strcmp(p, path) || (!strncmp(p, path, pl) && p[pl] == '/');
+                need += (u->files[i].size + 4095) / 4096 * 4096 + 4096; /* an upper bound of its blocks */
+        }
+        if (r == 0 && !found)
+                r = -EBADMSG;
+        if (r == 0)
+                r = kev_reserve(fs, need); /* F4: the limit holds, whoever writes */
+        if (r < 0) {
+                free(top);
+                return r;
+        }
+        size_t skip = 0; /* the directories above the unit's exist already or are the asker's to make */
+        for (size_t i = 0; i < u->n && r >= 0; i++) {
+                char *d = dir_part(u->files[i].path);
+                const char *base = strrchr(u->files[i].path, '/');
+                base = base ? base + 1 : u->files[i].path;
+                int dfd = d ? open_dir(fs, a, d, skip) : -ENOMEM;
+                free(d);
+                if (dfd < 0) {
+                        r = dfd;
+                        break;
+                }
+                r = write_member(fs, a, dfd, base, &u->files[i]);
+                close(dfd);
+        }
+        kev_settle(fs, NULL, NULL, need);
+        free(top);
+        return r < 0 ? r : 0;
+}
+
+int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name)
+{
+        struct kfs_remote *r = fs->remote;
+        (void)dir;
+        if (!r || krt_is_kept_name(name) || krt_is_lock_name(name))
+                return -ENOENT;
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        struct asker a = { .uid = ctx->uid, .gid = ctx->gid, .chown = geteuid() == 0 };
+        if (!a.chown) {
+                a.uid = geteuid(); /* a mount of one user: everything in it is the daemon's */
+                a.gid = getegid();
+        }
+        struct stat ds;
+        if (fstat(dfd, &ds) < 0 || ds.st_uid != a.uid)
+                return -ENOENT; /* F1: not the asker's directory */
+        char *path = kfs_remote_relpath(fs, dfd, name);
+        if (!path)
+                return -ENOENT;
+        int ret = -ENOENT;
+        uint64_t h = kfs_remote_hash(a.uid, path);
+        char *key = NULL;
+        redisReply *rep = NULL, *unit = NULL;
+        if (krt_is_temporary(path) || remembered(r, h)) {
+                if (!krt_is_temporary(path))
+                        atomic_fetch_add(&r->remembered, 1);
+                goto out;
+        }
+        key = kfs_remote_key(a.uid, path);
+        rep = key ? get(r, key, r->timeout_ms) : NULL;
+        if (!rep)
+                goto out; /* down, slow or refused: a miss, not remembered (the server may be back soon) */
+        if (rep->type == REDIS_REPLY_NIL) {
+                atomic_fetch_add(&r->misses, 1);
+                remember(r, h);
+                goto out;
+        }
+        if (rep->len == 1 && rep->str[0] == 'D') { /* a directory on the way to a unit */
+                int fd = open_dir(fs, &a, path, 0);
+                if (fd >= 0) {
+                        close(fd);
+                        ret = 0;
+                }
+                goto out;
+        }
+        const char *val = rep->str;
+        size_t len = rep->len;
+        char *ukey = NULL;
+        if (rep->len > 1 && rep->str[0] == 'M') { /* a member: the unit is at its marker's key */
+                char *m = strndup(rep->str + 1, rep->len - 1);
+                ukey = m && krv_path_ok(m, strlen(m)) ? kfs_remote_key(a.uid, m) : NULL;
+                free(m);
+                unit = ukey ? get(r, ukey, r->transfer_ms) : NULL;
+                if (!unit || unit->type != REDIS_REPLY_STRING) {
+                        if (unit && unit->type == REDIS_REPLY_NIL) {
+                                atomic_fetch_add(&r->misses, 1); /* the server evicted the unit */
+                                remember(r, h);
+                        }
+                        free(ukey);
+                        goto out;
+                }
+                val = unit->str;
+                len = unit->len;
+        }
+        struct krv_unit u;
+        int d = krv_decode((const unsigned char *)val, len, &u);
+        if (d == 0 && (u.uid != a.uid || !kfs_remote_shareable(u.rt))) {
+                krv_free(&u);
+                d = -EBADMSG; /* F1: not this user's, or not a unit that may be shared */
+        }
+        if (d < 0) {
+                atomic_fetch_add(&r->corrupt, 1);
+                del(r, ukey ? ukey : key); /* a value that does not check is nobody's: gone */
+                free(ukey);
+                goto out;
+        }
+        atomic_fetch_add(&r->bytes_in, len);
+        int m = materialize(fs, &a, &u, path);
+        krv_free(&u);
+        free(ukey);
+        if (m == 0) {
+                atomic_fetch_add(&r->hits, 1);
+                ret = 0;
+        } else {
+                atomic_fetch_add(&r->errors, 1);
+        }
+out:
+        if (rep)
+                freeReplyObject(rep);
+        if (unit)
+                freeReplyObject(unit);
+        free(key);
+        free(path);
+        return ret;
+}

@@ -1,0 +1,79 @@
+/* internal.h: the shared tier's state and the parts of fs/remote/ that share it (remote.h has the essay).
+ *   conn.c     the server's address, per-thread connections, the back-off after a failure
+ *   value.c    a unit as stored (value.h)
+ *   fetch.c    read-through on a lookup that found nothing
+ *   publish.c  the publisher thread
+ *   remote.c   made, started, stopped, freed; counters */
+#ifndef KCACHEFS_REMOTE_INTERNAL_H
+#define KCACHEFS_REMOTE_INTERNAL_H
+
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "../kfs.h"
+#include "kmap.h"
+#include "remote.h"
+
+#define REMOTE_BACKOFF_MS 1000   /* after a failed connection, none is tried for this long */
+#define PUBLISH_QUIET_MS 500     /* a unit is published once nothing in it changed for this long */
+#define REMOTE_MAX_UNIT (256u << 20) /* larger units are not shared */
+#define REMOTE_KEY_PREFIX "kcfs:1:u"
+
+struct kfs_remote {
+        /* where (conn.c); immutable after init */
+        char *where;              /* as shown: redis://host:port/db or unix:/path */
+        char *host;               /* NULL for a unix socket */
+        char *unix_path;
+        int port, db;
+        char *user, *password;    /* from remote_auth=FILE: "PASSWORD" or "USER PASSWORD" */
+        unsigned timeout_ms;      /* a probe's deadline */
+        unsigned transfer_ms;     /* a unit's transfer deadline */
+        double negative_s;        /* misses remembered this long */
+        char node[64];            /* this node's name, in published units */
+        pthread_key_t conn_key;   /* this thread's struct remote_conn */
+        _Atomic int64_t down_until_ns; /* no connection is tried before this */
+
+        pthread_mutex_t neg_lock; /* a leaf */
+        kmap neg;                 /* hash of namespace and path -> expiry (ns, as a pointer); neg_lock */
+
+        struct {
+                pthread_mutex_t lock; /* a leaf */
+                pthread_cond_t cond;
+                kmap due;         /* hash of path -> struct pub_item*; lock */
+                bool started, stop;
+                pthread_t thread;
+        } pub;
+        pthread_mutex_t memo_lock; /* a leaf */
+        kmap memo;                /* hash of a published unit's key -> its files' newest mtime; memo_lock */
+
+        _Atomic uint64_t hits, misses, remembered, timeouts, errors, corrupt, dirs, publishes, published_before,
+                bytes_in, bytes_out;
+};
+
+/* conn.c */
+int kfs_remote_parse(struct kfs_remote *r, const char *url, const char *auth_file);
+/* This thread's connection, connected (and authenticated, and on its database), or NULL: down, or in
+ * back-off. timeout_ms: the deadline of the commands to come. */
+redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms);
+/* The connection failed (a timeout, a reset, a protocol error): dropped, and counted. */
+void kfs_remote_conn_failed(struct kfs_remote *r, redisContext *c);
+void kfs_remote_conn_init(struct kfs_remote *r);
+void kfs_remote_conn_free(struct kfs_remote *r);
+
+uint64_t kfs_remote_hash(uint32_t uid, const char *path);
+/* "kcfs:1:u<uid>:<path>", malloc'ed. */
+char *kfs_remote_key(uint32_t uid, const char *path);
+/* The path of name in the directory open as dfd, relative to the backing root; malloc'ed, or NULL
+ * (outside it: the directory was removed, or it is the metadata directory). */
+char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name);
+/* Whether units of rt are shared (SHAREABLE). */
+bool kfs_remote_shareable(int rt);
+
+/* publish.c */
+void kfs_remote_pub_start(struct kfs *fs);
+void kfs_remote_pub_stop(struct kfs *fs);
+
+#endif

@@ -1,0 +1,102 @@
+/* remote.c: the shared tier's state (internal.h): made from the options, started after the mount,
+ * stopped before the index closes; its counters, for kcache stats. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+int kfs_remote_init(struct kfs *fs)
+{
+        if (!fs->o.remote_url)
+                return 0;
+        struct kfs_remote *r = calloc(1, sizeof(*r));
+        if (!r)
+                return -ENOMEM;
+        r->timeout_ms = fs->o.remote_timeout_ms;
+        /* a unit is sent whole: up to 256 MiB at a gigabit takes seconds, so its deadline is the probe's
+         * times a thousand, at least 2 s */
+        r->transfer_ms = r->timeout_ms * 1000 > 2000 ? r->timeout_ms * 1000 : 2000;
+        r->negative_s = fs->o.remote_negative_s;
+        if (gethostname(r->node, sizeof(r->node) - 1) < 0)
+                snprintf(r->node, sizeof(r->node), "unknown");
+        int e = kfs_remote_parse(r, fs->o.remote_url, fs->o.remote_auth);
+        if (e < 0) {
+                fs->remote = r;
+                kfs_remote_free(fs);
+                return e;
+        }
+        pthread_mutex_init(&r->neg_lock, NULL);
+        pthread_mutex_init(&r->memo_lock, NULL);
+        pthread_mutex_init(&r->pub.lock, NULL);
+        pthread_cond_init(&r->pub.cond, NULL);
+        kmap_init(&r->neg);
+        kmap_init(&r->memo);
+        kmap_init(&r->pub.due);
+        kfs_remote_conn_init(r);
+        fs->remote = r;
+        return 0;
+}
+
+void kfs_remote_start(struct kfs *fs)
+{
+        if (fs->remote)
+                kfs_remote_pub_start(fs);
+}
+
+void kfs_remote_stop(struct kfs *fs)
+{
+        if (fs->remote)
+                kfs_remote_pub_stop(fs);
+}
+
+void kfs_remote_free(struct kfs *fs)
+{
+        struct kfs_remote *r = fs->remote;
+        if (!r)
+                return;
+        if (r->where) { /* made whole by init */
+                kfs_remote_conn_free(r);
+                kmap_free(&r->neg);
+                kmap_free(&r->memo);
+                pthread_mutex_destroy(&r->neg_lock);
+                pthread_mutex_destroy(&r->memo_lock);
+                pthread_mutex_destroy(&r->pub.lock);
+                pthread_cond_destroy(&r->pub.cond);
+        }
+        free(r->where);
+        free(r->host);
+        free(r->unix_path);
+        free(r->user);
+        if (r->password)
+                explicit_bzero(r->password, strlen(r->password));
+        free(r->password);
+        free(r);
+        fs->remote = NULL;
+}
+
+void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
+{
+        memset(c, 0, sizeof(*c));
+        struct kfs_remote *r = fs->remote;
+        if (!r)
+                return;
+        c->hits = atomic_load(&r->hits);
+        c->misses = atomic_load(&r->misses);
+        c->remembered = atomic_load(&r->remembered);
+        c->timeouts = atomic_load(&r->timeouts);
+        c->errors = atomic_load(&r->errors);
+        c->corrupt = atomic_load(&r->corrupt);
+        c->dirs = atomic_load(&r->dirs);
+        c->publishes = atomic_load(&r->publishes);
+        c->published_before = atomic_load(&r->published_before);
+        c->bytes_in = atomic_load(&r->bytes_in);
+        c->bytes_out = atomic_load(&r->bytes_out);
+}
+
+const char *kfs_remote_where(const struct kfs *fs)
+{
+        return fs->remote ? fs->remote->where : NULL;
+}

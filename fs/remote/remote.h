@@ -1,0 +1,92 @@
+/* remote.h: the shared tier (-o remote=): runtime units that one node compiled, served to the others
+ * through a Redis-protocol server (Redis, Valkey), so that a cluster compiles each kernel once.
+ *
+ * THE SHARED TIER. Each node keeps its exact local tier; the server is a second tier that bounds and
+ * evicts itself (maxmemory, allkeys-lru). What is shared is a runtime's unit as eviction knows it
+ * (evict/units.c: a PoCL program directory, a Triton key directory, JAX's -cache and -atime, SYCL's
+ * triple, a NEO binary, a libkcache entry...), never a file the runtime rewrites in place (NEO's
+ * config.file, SYCL's cache_size.txt, Mesa's and CUDA's index, ccache's stats: kept files and whole
+ * runtimes that are not shareable, SHAREABLE below).
+ *
+ * KEYS. "kcfs:1:u<uid>:<path>", path relative to the mount root, in the namespace of the user who owns
+ * the files (TRUST). For a unit whose members are M0..Mk in eviction order (M0 is the file the runtime
+ * tests for the entry: PoCL's program.bc, Triton's __grp__*.json, JAX's -cache, NEO's binary):
+ *   <M0>          the unit (value.h), written first-writer-wins (SET NX)
+ *   <Mi>, i > 0   "M" followed by M0's path: a lookup of any member fetches the whole unit
+ *   <each directory above a member, up to the mount root>   "D": a lookup of it makes the directory, so
+ *                 that the runtime's walk down to M0 goes on (PoCL tests <2>/<rest>/program.bc, and its
+ *                 lookup of <2> is all the kernel asks before it).
+ *
+ * READ-THROUGH (fetch.c). A lookup that finds no name asks the server for it, once, within
+ * remote_timeout_ms; a miss (or no answer) is remembered for remote_negative_s so that a runtime's
+ * repeated probes cost no round trip, and the kernel is told to remember the miss no longer than that.
+ * On a unit, every member the node lacks is written into the backing directory in the reverse of
+ * eviction's order (M0 last), each under a temporary name renamed into place, owned by the user who
+ * asked, with the room reserved first (the limit holds) and the index told as for any create; only then
+ * is the lookup answered. So the runtime sees a whole entry or none. Anything wrong (a timeout, a
+ * refused connection, a value that does not check) is an ordinary miss, counted; a value that does not
+ * check is deleted from the server.
+ *
+ * PUBLISH (publish.c). A file written through the mount (closed after writing, or renamed into place)
+ * names its unit for the publisher thread, which, once nothing in the unit changed for PUBLISH_QUIET_MS
+ * and the unit is not busy (no lock or temporary of the runtime in it), reads it beneath the root and
+ * stores it, off every application's path. A unit published once (by this node or another: SET NX) is
+ * not sent again.
+ *
+ * TRUST. A binary cannot be checked against its key without compiling it again, so whoever can write a
+ * key can poison its readers. A node publishes a unit only into the namespace of the uid that owns all
+ * its files, and fetches into a directory only for the uid that owns that directory, from that uid's
+ * namespace, as files that uid owns: what one user stores is only ever loaded by that user. Wider
+ * sharing (a trusted publisher's namespace) is the server's ACLs' to enforce (docs/remote.md).
+ *
+ * THE SERVER DOWN. One connection per thread that asks (hiredis contexts are not thread-safe), made on
+ * first use; after a failure none is tried again for REMOTE_BACKOFF_MS, so a dead server costs one
+ * timeout, not one per lookup. With no remote= nothing here runs.
+ *
+ * Lock order: the remote's own locks (neg_lock, pub.lock, memo_lock) are leaves; nothing else is taken
+ * under them, and they are taken under none of the daemon's. */
+#ifndef KCACHEFS_REMOTE_H
+#define KCACHEFS_REMOTE_H
+
+#include <fuse_lowlevel.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+struct kfs;
+struct kfs_inode;
+
+struct kfs_remote_counts {
+        uint64_t hits;          /* lookups served a unit from the server */
+        uint64_t misses;        /* lookups the server did not know */
+        uint64_t remembered;    /* misses answered from the remembered ones, no round trip */
+        uint64_t timeouts;      /* no answer within remote_timeout_ms */
+        uint64_t errors;        /* refused connections, server errors, units that could not be written */
+        uint64_t corrupt;       /* values that did not check (deleted) */
+        uint64_t dirs;          /* directories made on the way to a unit */
+        uint64_t publishes;     /* units stored */
+        uint64_t published_before; /* units another node (or this one) had stored first */
+        uint64_t bytes_in, bytes_out;
+};
+
+/* Parses fs->o.remote (redis://HOST[:PORT][/DB] or unix:PATH) and remote_auth; -EINVAL with a message
+ * on stderr. Starts nothing. */
+int kfs_remote_init(struct kfs *fs);
+void kfs_remote_start(struct kfs *fs);
+void kfs_remote_stop(struct kfs *fs);
+void kfs_remote_free(struct kfs *fs);
+
+/* A lookup of name in dir found nothing: asks the server. 0 if the name is there now (made from the
+ * server's unit or directory), -ENOENT if not. No lock held. */
+int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
+/* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
+ * another node may publish the name. */
+double kfs_remote_negative_timeout(const struct kfs *fs, double timeout);
+/* A file was written (fd, closed next) or renamed into place (name in dfd): its unit may be complete. */
+void kfs_remote_note_fd(struct kfs *fs, int fd);
+void kfs_remote_note_name(struct kfs *fs, int dfd, const char *name);
+
+void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c);
+/* "redis://host:port/db" or "unix:/path", as in use; NULL when off. */
+const char *kfs_remote_where(const struct kfs *fs);
+
+#endif

@@ -1,0 +1,180 @@
+"""The shared tier (-o remote=, fs/remote/): several mounts on this machine play several nodes, each with
+its own backing directory and index, sharing one real redis-server (Debian's), started here on a unix
+socket in a private directory. What one node compiled, another serves without compiling; anything wrong
+with the server is a counted miss, never an application error."""
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import private_dir, wait_for
+from test_cli_kcache import kcache
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs Debian's redis-server")
+
+K = 1024
+
+
+class Redis:
+    def __init__(self, d, port=0, extra=()):
+        self.dir = d
+        self.sock = os.path.join(d, "redis.sock")
+        self.port = port
+        self.extra = list(extra)
+        self.proc = None
+
+    def start(self):
+        args = ["redis-server", "--port", str(self.port), "--unixsocket", self.sock, "--unixsocketperm", "700",
+                "--save", "", "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
+                "--maxmemory-policy", "allkeys-lru", "--enable-debug-command", "local"] + self.extra
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: self.cli("PING").strip() == "PONG", what="redis-server")
+        return self
+
+    def cli(self, *args, raw=False, stdin=None):
+        """redis-cli; with stdin, its bytes are the last argument (-x)."""
+        p = subprocess.run(["redis-cli", "-s", self.sock] + (["-x"] if stdin is not None else []) + list(args),
+                           capture_output=True, timeout=30, input=stdin)
+        return p.stdout if raw else p.stdout.decode(errors="replace")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    @property
+    def url(self):
+        return f"unix:{self.sock}"
+
+
+@pytest.fixture
+def redis(workdir):
+    d, _ = workdir
+    r = Redis(private_dir(d)).start()
+    yield r
+    r.stop()
+
+
+def num(m, name):
+    return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
+
+
+def pocl_program(root, key, kernels=("vadd", "scale")):
+    """A PoCL program directory as PoCL writes it: <2>/<rest>/ with program.bc, build.log, last_accessed
+    and one .so per kernel below <kernel>/<local size>/. Returns {relative path: bytes}."""
+    h = hashlib.sha1(key.encode()).hexdigest() + "abcdefghijklmnopqrstuvwxyz"
+    d = os.path.join(h[:2], h[2:40])
+    files = {os.path.join(d, "program.bc"): b"BC" + key.encode() * 2000,
+             os.path.join(d, "build.log"): b"",
+             os.path.join(d, "last_accessed"): b"1"}
+    for k in kernels:
+        files[os.path.join(d, k, "0-0-0", k + ".so")] = (b"\x7fELF" + k.encode()) * 3000
+    # the store: the directory first, each file by temp and rename, program.bc first (PoCL's order)
+    for rel in sorted(files, key=lambda p: (not p.endswith("program.bc"), p)):
+        full = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        tmp = os.path.join(root, f"tempfile-{os.getpid()}-{time.monotonic_ns()}")
+        with open(tmp, "wb") as f:
+            f.write(files[rel])
+        os.rename(tmp, full)
+    return files
+
+
+def node(kfs, redis, **opts):
+    o = {"max_size": "64M", "remote": redis.url}
+    o.update(opts)
+    m = kfs(o)
+    os.makedirs(m.path("pocl"))
+    kcache("env", m.mnt, "pocl")  # marks pocl/ as PoCL's, as a user's shell would
+    return m
+
+
+def published(m, n=1):
+    wait_for(lambda: num(m, "remote_publishes") >= n, timeout=20, what="the unit published")
+
+
+def test_a_unit_compiled_on_one_node_is_served_whole_on_another(kfs, redis):
+    a, b = node(kfs, redis), node(kfs, redis)
+    files = pocl_program(a.path("pocl"), "k1")
+    published(a)
+    assert num(a, "remote_bytes_out") > sum(len(v) for v in files.values())
+    # B's PoCL probes program.bc, from the top: every lookup on the way misses locally
+    marker = next(p for p in files if p.endswith("program.bc"))
+    with open(os.path.join(b.path("pocl"), marker), "rb") as f:
+        assert f.read() == files[marker]
+    for rel, data in files.items():  # the whole unit is there, as A has it
+        with open(os.path.join(b.path("pocl"), rel), "rb") as f:
+            assert f.read() == data, rel
+    assert num(b, "remote_hits") == 1
+    assert num(b, "remote_dirs") >= 2  # <2>/ and <rest>/ on the way
+    # accounted like any write: the index knows every file, and the limit counts them
+    assert "matches" in kcache("verify", b.mnt).stdout
+    assert num(b, "used_bytes") >= sum(len(v) for v in files.values())
+
+
+def test_a_name_that_is_nowhere_costs_one_round_trip_then_none(kfs, redis):
+    a = node(kfs, redis)
+    missing = os.path.join(a.path("pocl"), "zz", "nothing-here")
+    before = num(a, "remote_misses")
+    for _ in range(20):
+        assert not os.path.exists(missing)
+        subprocess.run(["stat", missing], capture_output=True, timeout=30)
+    assert num(a, "remote_misses") == before + 1
+
+
+def test_the_server_away_is_a_counted_miss_and_the_local_tier_works(kfs, redis):
+    a = node(kfs, redis, remote_timeout_ms="50")
+    redis.stop()
+    t0 = time.monotonic()
+    for i in range(50):
+        assert not os.path.exists(os.path.join(a.path("pocl"), f"x{i}"))
+    assert time.monotonic() - t0 < 5  # one deadline per back-off, not one per lookup
+    assert num(a, "remote_errors") >= 1
+    files = pocl_program(a.path("pocl"), "local")  # stores and loads locally as without a remote
+    for rel, data in files.items():
+        with open(os.path.join(a.path("pocl"), rel), "rb") as f:
+            assert f.read() == data
+
+
+@pytest.mark.parametrize("stall", [["DEBUG", "SLEEP", "3"], ["CLIENT", "PAUSE", "3000", "ALL"]],
+                         ids=["debug-sleep", "client-pause"])
+def test_a_stalled_server_is_a_timeout(kfs, redis, stall):
+    a = node(kfs, redis, remote_timeout_ms="100")
+    assert not os.path.exists(os.path.join(a.path("pocl"), "before"))  # connected, and a miss
+    p = subprocess.Popen(["redis-cli", "-s", redis.sock] + stall, stdout=subprocess.DEVNULL)
+    try:
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert not os.path.exists(os.path.join(a.path("pocl"), "stalled"))
+        assert time.monotonic() - t0 < 2
+        assert num(a, "remote_timeouts") == 1
+        # in back-off: the next probes cost nothing
+        t0 = time.monotonic()
+        for i in range(20):
+            assert not os.path.exists(os.path.join(a.path("pocl"), f"stalled{i}"))
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        p.wait(timeout=30)
+
+
+def test_a_corrupt_value_is_a_miss_and_is_deleted(kfs, redis):
+    a, b = node(kfs, redis), node(kfs, redis)
+    files = pocl_program(a.path("pocl"), "k2")
+    published(a)
+    marker = next(p for p in files if p.endswith("program.bc"))
+    key = f"kcfs:1:u{os.getuid()}:pocl/{marker}"
+    good = redis.cli("GET", key, raw=True)[:-1]  # redis-cli adds a newline
+    assert good.startswith(b"KCFS")
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xff
+    redis.cli("SET", key, stdin=bytes(bad))  # one byte flipped
+    assert redis.cli("STRLEN", key).strip() == str(len(good))
+    assert not os.path.exists(os.path.join(b.path("pocl"), marker))
+    assert num(b, "remote_corrupt") == 1
+    assert redis.cli("EXISTS", key).strip() == "0"
+    # nothing of the unit was written
+    assert not any(os.path.exists(os.path.join(b.path("pocl"), p)) for p in files)
