@@ -178,3 +178,36 @@ def test_a_corrupt_value_is_a_miss_and_is_deleted(kfs, redis):
     assert redis.cli("EXISTS", key).strip() == "0"
     # nothing of the unit was written
     assert not any(os.path.exists(os.path.join(b.path("pocl"), p)) for p in files)
+
+
+CLK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "tests",
+                   "clkernels")
+
+
+def clk(cache, first, count):
+    env = dict(os.environ, POCL_CACHE_DIR=cache, POCL_DEBUG="general,llvm")
+    p = subprocess.run([CLK, str(first), str(count), "1"], env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "0 failures" in p.stdout
+    return p.stderr
+
+
+@pytest.mark.skipif(not os.path.exists(CLK) or not os.path.exists("/etc/OpenCL/vendors/pocl.icd"),
+                    reason="needs PoCL and build/tests/clkernels")
+def test_real_pocl_compiles_on_one_node_and_not_on_the_other(kfs, redis):
+    a, b = node(kfs, redis), node(kfs, redis)
+    trace = clk(a.path("pocl"), 0, 4)
+    assert trace.count("Writing program.bc") == 4 and "Built a specialized WG function" in trace  # A compiles
+    # each program directory is published once whole (its kernels are linked after program.bc is stored)
+    wait_for(lambda: num(a, "remote_publishes") >= 4, timeout=30, what="four programs published")
+    sos = [os.path.relpath(os.path.join(dp, f), a.mnt) for dp, _, fns in os.walk(a.path("pocl")) for f in fns
+           if f.endswith(".so")]
+    assert len(sos) >= 4
+    wait_for(lambda: all(redis.cli("EXISTS", f"kcfs:1:u{os.getuid()}:{so}").strip() == "1" for so in sos),
+             timeout=30, what="the kernels published with their programs")
+    trace = clk(b.path("pocl"), 0, 4)
+    assert "Writing program.bc" not in trace, "B compiled a program A had published"
+    assert "Built a specialized WG function" not in trace, "B built a kernel A had published"
+    assert trace.count("Using a cached WG function") >= 4
+    assert num(b, "remote_hits") == 4
+    assert "matches" in kcache("verify", b.mnt).stdout
