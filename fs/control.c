@@ -38,7 +38,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "parse.h"
+#include "../common/parse.h"
 #include "kfs.h"
 #include "remote/remote.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kfs.h"
-#include "parse.h"
+#include "../common/parse.h"
 
 /* The limit and other sizes: common/parse.h. Zero is refused. */
 int kfs_parse_size(const char *s, uint64_t *ret)

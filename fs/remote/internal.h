@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "../kfs.h"
-#include "kmap.h"
+#include "../../common/kmap.h"
 #include "remote.h"
 
 #define REMOTE_BACKOFF_MS 1000   /* after a failed connection, none is tried for this long */
