@@ -4,7 +4,9 @@
  * off and the daemon carries on), LOG_NOTICE (a change an operator should know of), LOG_INFO (routine).
  * libfuse's own messages come through fuse_set_log_func with theirs (FUSE_LOG_* are syslog's levels).
  * Until kfs_log_start() a message goes to stderr as "kcachefs: MESSAGE" ("kcachefs: warning: MESSAGE" at
- * LOG_WARNING), as everything before the mount does (the operator's terminal, or the journal where systemd runs the daemon in the foreground).
+ * LOG_WARNING), as everything before the mount does: the operator's terminal, or the journal where
+ * systemd runs the daemon in the foreground, which then gets each line's priority as a "<N>" prefix
+ * (sd-daemon(3)) when stderr is the stream systemd named in $JOURNAL_STREAM.
  *
  * From kfs_log_start() on (a detached daemon, or -o log=), messages go to one sink:
  *   - a file (-o log=FILE, or the fallback below): appended, one line each, "TIME kcachefs[PID] PRIORITY:
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
@@ -54,6 +57,7 @@ struct kfs_log { /* lives from kfs_log_start() to kfs_log_finish() */
 
 static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct kfs_log *sink; /* sink_lock */
+static bool to_journal; /* stderr is systemd's journal stream: set by kfs_log_init, before any thread */
 
 static const char *prio_name(int prio)
 {
@@ -136,8 +140,11 @@ static void vlog(int prio, const char *fmt, va_list ap)
         } else { /* one write, so that lines of two threads never mix */
                 char msg[4096];
                 int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+                char level[8] = "";
+                if (to_journal) /* "<N>": the journal takes the line's priority from it (sd-daemon(3)) */
+                        snprintf(level, sizeof(level), "<%d>", prio & LOG_PRIMASK);
                 if (n >= 0) /* on a terminal the priority is a word, where it is one to heed */
-                        fprintf(stderr, "kcachefs: %s%s%s", prio == LOG_WARNING ? "warning: " : "", msg,
+                        fprintf(stderr, "%skcachefs: %s%s%s", level, prio == LOG_WARNING ? "warning: " : "", msg,
                                 n > 0 && msg[n - 1] == '\n' ? "" : "\n");
         }
         pthread_mutex_unlock(&sink_lock);
@@ -159,6 +166,13 @@ static void fuse_log_fn(enum fuse_log_level level, const char *fmt, va_list ap)
 
 void kfs_log_init(void)
 {
+        /* systemd names the journal stream it gave us as "DEV:INO" (systemd.exec(5), $JOURNAL_STREAM); a
+         * stderr redirected elsewhere since is not it, and gets no prefix. */
+        const char *js = getenv("JOURNAL_STREAM");
+        unsigned long long dev, ino;
+        struct stat st;
+        if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0)
+                to_journal = (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
         fuse_set_log_func(fuse_log_fn);
 }
 

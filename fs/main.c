@@ -104,12 +104,12 @@ static void usage(const char *prog)
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
 {
+        char msg[PATH_MAX * 3];
         va_list ap;
         va_start(ap, fmt);
-        fputs("kcachefs: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
+        kfs_log(LOG_ERR, "%s", msg);
         return 1;
 }
 

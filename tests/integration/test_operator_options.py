@@ -6,6 +6,7 @@ every mount nosuid,nodev; and a detached daemon's messages reach a file where th
 import os
 import re
 import subprocess
+import time
 
 import pytest
 
@@ -291,3 +292,49 @@ def test_syslog_gets_the_priority_each_message_names(kfs):
     finally:
         sock.close()
         os.unlink("/dev/log")
+
+
+def journal_stream_run(args, until):
+    """Runs kcachefs ARGS with its stderr a pipe that $JOURNAL_STREAM names, as systemd's journal stream
+    would be; returns the lines it wrote until one holds UNTIL (or it exited), and the process."""
+    r, w = os.pipe()
+    st = os.fstat(w)
+    env = dict(os.environ, JOURNAL_STREAM=f"{st.st_dev}:{st.st_ino}")
+    p = subprocess.Popen([kcachefs_bin(), *args], stderr=w, stdout=subprocess.DEVNULL, env=env)
+    os.close(w)
+    lines, buf = [], b""
+    f = os.fdopen(r, "rb", buffering=0)
+    import select
+    deadline = time.monotonic() + 30
+    while not any(until in l for l in lines) and time.monotonic() < deadline:
+        if select.select([f], [], [], 0.1)[0]:
+            chunk = f.read(4096)
+            if not chunk:
+                break
+            buf += chunk
+            *done, buf = buf.split(b"\n")
+            lines += [l.decode() for l in done]
+    return lines, p, f
+
+
+def test_in_the_journal_each_line_carries_its_priority(dirs):
+    """Under systemd (-f, stderr the journal's stream) each line starts with its priority, "<N>", which the
+    journal reads (sd-daemon(3)): a refusal is an error, the mount is info."""
+    d, b, m = dirs
+    lines, p, f = journal_stream_run(["-f", "-o", "max_size=1", b, m], "max_size")
+    try:
+        wait_for(lambda: p.poll() is not None, what="the refusal")
+    finally:
+        if p.poll() is None:  # it mounted: gone with the fixture's unmount
+            subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True)
+            p.wait(timeout=30)
+        f.close()
+    assert p.returncode != 0 and lines and lines[0].startswith("<3>kcachefs: invalid max_size '1'"), lines
+    lines, p, f = journal_stream_run(["-f", "-o", "max_size=4M", b, m], "mounted")
+    try:
+        assert f"<6>kcachefs: mounted {b} on {m} (max_size 4194304 bytes, 0 files, 0 bytes used)" in lines, lines
+    finally:
+        wait_for(lambda: os.path.ismount(m) or p.poll() is not None, what="mount")
+        subprocess.run(["fusermount3", "-u", m], capture_output=True)
+        p.wait(timeout=30)
+        f.close()
