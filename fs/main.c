@@ -5,7 +5,8 @@
  *   2. detach (unless -f): the parent waits on a pipe and exits with the child's verdict, so errors found
  *      later still reach the terminal and the exit status, and the index is opened once, in the daemon;
  *   3. create the metadata directory, take the index lock (one daemon per index), open or rebuild the
- *      index, mount, then tell the parent we are up.
+ *      index, mount, send messages where they go from now on (start_log: syslog, -o log= or the
+ *      fallback file), then tell the parent we are up.
  * At unmount (fusermount3 -u, or SIGTERM/SIGINT/SIGHUP) the session ends, the last batch is flushed and
  * the index is marked clean, so the next mount need not rescan. */
 #include <errno.h>
