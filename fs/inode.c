@@ -150,7 +150,7 @@ bool kfs_fds_shed(struct kfs *fs)
         cap = fs->fdc.cap;
         pthread_mutex_unlock(&fs->fdc.lock);
         if (atomic_fetch_add(&fs->fdc.sheds, 1) == 0 || shed)
-                fprintf(stderr, "kcachefs: warning: out of descriptors (RLIMIT_NOFILE): %s; idle inodes keep at most %zu\n",
+                kfs_log(LOG_WARNING, "out of descriptors (RLIMIT_NOFILE): %s; idle inodes keep at most %zu",
                         shed ? "idle ones closed" : "none idle to close", cap);
         return shed;
 }
@@ -401,8 +401,8 @@ void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
                 free(h);
         }
         if (files > fs->fdc.cap)
-                fprintf(stderr, "kcachefs: keeping at most %zu of the cache's %llu files' descriptors open "
-                        "(RLIMIT_NOFILE %llu); the others are reopened by %s\n", fs->fdc.cap,
+                kfs_log(LOG_NOTICE, "keeping at most %zu of the cache's %llu files' descriptors open "
+                        "(RLIMIT_NOFILE %llu); the others are reopened by %s", fs->fdc.cap,
                         (unsigned long long)files, (unsigned long long)lim,
                         fs->fdc.handles ? "file handle" : "name");
 }

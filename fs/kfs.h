@@ -12,7 +12,7 @@
  *   evict/      space reservation and eviction: its own folder, entered through evict/evict.h only (the
  *               design essay, the folder's map and the daemon's lock order are there)
  *   settle.c    written files measured again after writeback (delayed allocation)
- *   log.c       a detached daemon's stderr, to syslog
+ *   log.c       the daemon's messages, with their priority: stderr, syslog or a file
  *   passthrough.c kernel passthrough for read-only opens: backing files, I/O modes
  *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
  *   fuse-kernel.h the kernel protocol's parts that Debian 12's headers and libfuse predate
@@ -52,6 +52,7 @@
 #include <stdint.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
+#include <syslog.h>
 
 #include "../common/kmap.h"
 #include "../common/runtimes.h"
@@ -107,6 +108,9 @@ struct kfs_opts {
         double tmp_age;           /* seconds after which a runtime's temporary file counts as leaked */
         unsigned grace_ms;        /* files accessed this recently are never evicted */
         unsigned inode_fds;       /* -o inode_fds=: idle inodes' descriptors kept open; 0: half RLIMIT_NOFILE */
+        char *timeout_str, *tmp_age_str, *grace_ms_str, *flush_ms_str, *inode_fds_str; /* as given, or NULL:
+                                     read into the fields above by kfs_opts_check(), which checks their range */
+        char *log_path;           /* -o log=FILE: messages appended there (log.c); NULL: syslog or the fallback */
         int tighten;              /* -o tighten: close the backing's parent to others where safe (reach.c) */
         int allow_other;          /* -o allow_other given: a shared mount (kept for libfuse) */
         int default_permissions;  /* -o default_permissions given (kept for libfuse) */
@@ -333,10 +337,14 @@ int kfs_set_owner(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const c
  * not be examined, and *RET_WHY says which directory and the fix, in one line. Both are the caller's. */
 int kfs_reach_check(const char *what, const char *path, bool self_counts, uid_t uid, bool tighten,
                     const char *keep_open, char **ret_note, char **ret_why);
-int kfs_parse_size(const char *s, uint64_t *ret);
 int kfs_parse_pins(const char *s, char ***ret);
 /* Parses ARGS into O (operands: the backing directory; -o options; -h, -V). -EINVAL on a bad option. */
 int kfs_opts_parse(struct fuse_args *args, struct kfs_opts *o);
+/* Reads O's numeric options as given (max_size, low_watermark, timeout, tmp_age, grace_ms, flush_ms,
+ * inode_fds; NULL: the default already in O, or DEFAULT_MAX_SIZE) into their fields, each checked against
+ * its range (options.c, RANGES). 0, or -EINVAL with one line in WHY (LEN bytes) that names the option, the
+ * value given and what is allowed; O's fields are then partly written. */
+int kfs_opts_check(struct kfs_opts *o, const char *default_max_size, char *why, size_t len);
 bool kfs_pinned_path(const struct kfs *fs, const char *relpath);
 void kfs_free_opts(struct kfs_opts *o);
 
@@ -411,11 +419,20 @@ bool kfs_users_container_ok(const struct stat *st);
 bool kfs_users_home_ok(const struct stat *st, uid_t uid);
 
 /* log.c */
-/* A detached daemon's stderr becomes a pipe to a thread that writes each line to syslog, rate-limited.
- * 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
+/* Says MESSAGE (printf FMT) with PRIORITY (LOG_ERR, LOG_WARNING, LOG_NOTICE, LOG_INFO): to stderr as
+ * "kcachefs: MESSAGE" before kfs_log_start(), to its sink after. Thread-safe. */
+void kfs_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* libfuse's messages go through kfs_log with libfuse's priority. Once, at start. */
+void kfs_log_init(void);
+/* Whether a syslog socket answers at PATH (/dev/log, _PATH_LOG). */
+bool kfs_log_syslog_answers(const char *path);
+/* From now on messages go to FILE (appended, one line each with the time and the priority; -1: syslog),
+ * and stderr becomes a pipe to a thread that passes its lines on at LOG_WARNING, rate-limited. NOTE (or
+ * NULL): the first message, at LOG_NOTICE. FILE is the log's from here on, closed by kfs_log_finish (on
+ * failure too). 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
 struct kfs_log;
-int kfs_log_detach(struct kfs_log **ret);
-/* At exit: everything said so far reaches syslog before the process ends. NULL: nothing to do. */
+int kfs_log_start(int file, const char *note, struct kfs_log **ret);
+/* At exit: everything said so far reaches the sink before the process ends. NULL: nothing to do. */
 void kfs_log_finish(struct kfs_log *l);
 
 /* settle.c */

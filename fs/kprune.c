@@ -116,8 +116,8 @@ void kfs_kprune(struct kfs *fs, const uint64_t *ids, size_t n)
                         atomic_store(&fs->kprune.on, false);
                         snprintf(fs->kprune.why, sizeof(fs->kprune.why),
                                  "the kernel refused FUSE_NOTIFY_PRUNE (%s)", strerror(errno));
-                        fprintf(stderr, "kcachefs: warning: %s: evicted names stay in the kernel's cache until it "
-                                        "reclaims them\n", fs->kprune.why);
+                        kfs_log(LOG_WARNING, "%s: evicted names stay in the kernel's cache until it "
+                                             "reclaims them", fs->kprune.why);
                         return;
                 }
                 if (w >= 0)

@@ -1,20 +1,42 @@
-/* log.c: where a detached daemon's messages go.
+/* log.c: where the daemon's messages go, each with the priority its caller gave.
  *
- * Everything the daemon says goes to stderr (eviction failures, index flush failures, transport errors,
- * libfuse's own messages). In the foreground (-f, as the systemd unit runs it) stderr is the terminal or
- * the journal. A detached daemon has neither: its stderr becomes a pipe, and a thread of its own here
- * reads it line by line and hands each line to syslog (the journal, where systemd runs), with the
- * daemon's pid and the facility daemon.
+ * kfs_log(PRIORITY, ...) is how the daemon speaks: LOG_ERR (something failed), LOG_WARNING (something is
+ * off and the daemon carries on), LOG_NOTICE (a change an operator should know of), LOG_INFO (routine).
+ * libfuse's own messages come through fuse_set_log_func with theirs (FUSE_LOG_* are syslog's levels).
+ * Until kfs_log_start() a message goes to stderr as "kcachefs: MESSAGE" ("kcachefs: warning: MESSAGE" at
+ * LOG_WARNING), as everything before the mount does: the operator's terminal, or the journal where
+ * systemd runs the daemon in the foreground, which then gets each line's priority as a "<N>" prefix
+ * (sd-daemon(3)) when stderr is the stream systemd named in $JOURNAL_STREAM.
+ *
+ * From kfs_log_start() on (a detached daemon, or -o log=), messages go to one sink:
+ *   - a file (-o log=FILE, or the fallback below): appended, one line each, "TIME kcachefs[PID] PRIORITY:
+ *     MESSAGE" with TIME in UTC to the millisecond;
+ *   - syslog (facility daemon), where its socket answers;
+ *   - where there is no syslog socket (containers, minimal HPC images have no /dev/log) and no log=, the
+ *     caller opens BACKING_DIR/.kcachefs/kcachefs.log through the tree door, and the first message says
+ *     where messages go, so that they never vanish unseen.
+ * Whatever else writes to stderr (the index, SQLite, code that names no priority) is caught by a pipe: a
+ * thread reads it line by line and passes each line on at LOG_WARNING, since such code writes only when
+ * something went wrong. No priority is guessed from a message's words.
  *
  * RATE. A failure that repeats (a full disk under every write) must not flood the log: a bucket of
  * LOG_BURST lines refills at one line per LOG_REFILL_S seconds; lines beyond it are counted, and the next
- * line that passes says how many were dropped. The pipe's write end never blocks: if this thread falls
- * behind by a pipe's worth (64 KiB), further lines are lost rather than stall a request. */
+ * line that passes says how many were dropped. The pipe's write end never blocks: if its thread falls
+ * behind by a pipe's worth (64 KiB), further lines are lost rather than stall a request.
+ *
+ * STATE. The sink is process-wide, as stderr and syslog's connection are: one struct, set up once by
+ * kfs_log_start() and torn down by kfs_log_finish(), reached through `sink` under sink_lock (a leaf: no
+ * other lock is taken under it). It is the daemon's one mutable global, for the same reason stderr is. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <syslog.h>
 #include <time.h>
 #include <unistd.h>
@@ -24,24 +46,57 @@
 #define LOG_BURST 20
 #define LOG_REFILL_S 5
 
-struct kfs_log { /* lives from kfs_log_detach() to kfs_log_finish() */
-        int rfd;
+struct kfs_log { /* lives from kfs_log_start() to kfs_log_finish() */
+        int rfd;                /* the stderr pipe's read end */
+        int file;               /* the file appended to; -1: syslog */
         pthread_t th;
-        double tokens;
-        struct timespec last;
-        unsigned long dropped;
+        double tokens;          /* sink_lock */
+        struct timespec last;   /* sink_lock */
+        unsigned long dropped;  /* sink_lock */
 };
 
-static int priority_of(const char *line)
+static pthread_mutex_t sink_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct kfs_log *sink; /* sink_lock */
+static bool to_journal; /* stderr is systemd's journal stream: set by kfs_log_init, before any thread */
+
+static const char *prio_name(int prio)
 {
-        if (strstr(line, "warning"))
-                return LOG_WARNING;
-        if (strstr(line, "failed") || strstr(line, "cannot") || strstr(line, "error"))
-                return LOG_ERR;
-        return LOG_NOTICE;
+        switch (prio) {
+        case LOG_EMERG: return "emerg";
+        case LOG_ALERT: return "alert";
+        case LOG_CRIT: return "crit";
+        case LOG_ERR: return "err";
+        case LOG_WARNING: return "warning";
+        case LOG_NOTICE: return "notice";
+        case LOG_INFO: return "info";
+        default: return "debug";
+        }
 }
 
-static void emit(struct kfs_log *l, const char *line)
+/* One line to the sink's file: written whole in one write(2), so that lines of two threads never mix. */
+static void file_line(int fd, int prio, const char *msg)
+{
+        struct timespec ts;
+        struct tm tm;
+        char stamp[64], line[4608];
+        clock_gettime(CLOCK_REALTIME, &ts);
+        gmtime_r(&ts.tv_sec, &tm);
+        strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%S", &tm);
+        int n = snprintf(line, sizeof(line), "%s.%03ldZ kcachefs[%ld] %s: %s\n", stamp, ts.tv_nsec / 1000000,
+                         (long)getpid(), prio_name(prio), msg);
+        if (n < 0)
+                return;
+        if ((size_t)n >= sizeof(line)) {
+                n = (int)sizeof(line) - 1;
+                line[n - 1] = '\n';
+        }
+        if (write(fd, line, (size_t)n) < 0) {
+                /* nowhere left to say it */
+        }
+}
+
+/* sink_lock held. */
+static void emit(struct kfs_log *l, int prio, const char *msg)
 {
         struct timespec now;
         clock_gettime(CLOCK_MONOTONIC, &now);
@@ -56,11 +111,88 @@ static void emit(struct kfs_log *l, const char *line)
         }
         l->tokens -= 1;
         if (l->dropped) {
-                syslog(LOG_WARNING, "%lu messages dropped (more than %d at once)", l->dropped, LOG_BURST);
+                char note[128];
+                snprintf(note, sizeof(note), "%lu messages dropped (more than %d at once)", l->dropped, LOG_BURST);
+                if (l->file >= 0)
+                        file_line(l->file, LOG_WARNING, note);
+                else
+                        syslog(LOG_WARNING, "%s", note);
                 l->dropped = 0;
         }
-        const char *msg = strncmp(line, "kcachefs: ", 10) ? line : line + 10; /* syslog names us already */
-        syslog(priority_of(msg), "%s", msg);
+        if (!strncmp(msg, "kcachefs: ", 10))
+                msg += 10; /* the sink names us already */
+        if (l->file >= 0)
+                file_line(l->file, prio, msg);
+        else
+                syslog(prio, "%s", msg);
+}
+
+static void vlog(int prio, const char *fmt, va_list ap)
+{
+        pthread_mutex_lock(&sink_lock);
+        if (sink) {
+                char msg[4096];
+                vsnprintf(msg, sizeof(msg), fmt, ap);
+                size_t n = strlen(msg);
+                while (n > 0 && msg[n - 1] == '\n')
+                        msg[--n] = '\0';
+                emit(sink, prio, msg);
+        } else { /* one write, so that lines of two threads never mix */
+                char msg[4096];
+                int n = vsnprintf(msg, sizeof(msg), fmt, ap);
+                char level[8] = "";
+                if (to_journal) /* "<N>": the journal takes the line's priority from it (sd-daemon(3)) */
+                        snprintf(level, sizeof(level), "<%d>", prio & LOG_PRIMASK);
+                if (n >= 0) /* on a terminal the priority is a word, where it is one to heed */
+                        fprintf(stderr, "%skcachefs: %s%s%s", level, prio == LOG_WARNING ? "warning: " : "", msg,
+                                n > 0 && msg[n - 1] == '\n' ? "" : "\n");
+        }
+        pthread_mutex_unlock(&sink_lock);
+}
+
+void kfs_log(int prio, const char *fmt, ...)
+{
+        va_list ap;
+        va_start(ap, fmt);
+        vlog(prio, fmt, ap);
+        va_end(ap);
+}
+
+/* libfuse's messages, with libfuse's priority (enum fuse_log_level is syslog's levels). */
+static void fuse_log_fn(enum fuse_log_level level, const char *fmt, va_list ap)
+{
+        vlog((int)level, fmt, ap);
+}
+
+void kfs_log_init(void)
+{
+        /* systemd names the journal stream it gave us as "DEV:INO" (systemd.exec(5), $JOURNAL_STREAM); a
+         * stderr redirected elsewhere since is not it, and gets no prefix. */
+        const char *js = getenv("JOURNAL_STREAM");
+        unsigned long long dev, ino;
+        struct stat st;
+        if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0)
+                to_journal = (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+        fuse_set_log_func(fuse_log_fn);
+}
+
+bool kfs_log_syslog_answers(const char *path)
+{
+        struct sockaddr_un sa = { .sun_family = AF_UNIX };
+        if (strlen(path) >= sizeof(sa.sun_path))
+                return false;
+        strcpy(sa.sun_path, path);
+        static const int types[] = { SOCK_DGRAM, SOCK_STREAM }; /* glibc's syslog tries both */
+        for (size_t i = 0; i < 2; i++) {
+                int fd = socket(AF_UNIX, types[i] | SOCK_CLOEXEC, 0);
+                if (fd < 0)
+                        continue;
+                int r = connect(fd, (struct sockaddr *)&sa, sizeof(sa));
+                close(fd);
+                if (r == 0)
+                        return true;
+        }
+        return false;
 }
 
 static void *log_main(void *arg)
@@ -77,38 +209,48 @@ static void *log_main(void *arg)
                 have += (size_t)n;
                 buf[have] = '\0';
                 char *p = buf, *nl;
+                pthread_mutex_lock(&sink_lock);
                 while ((nl = strchr(p, '\n'))) {
                         *nl = '\0';
                         if (*p)
-                                emit(l, p);
+                                emit(l, LOG_WARNING, p);
                         p = nl + 1;
                 }
                 have = (size_t)(buf + have - p);
                 memmove(buf, p, have);
                 if (have == sizeof(buf) - 1) { /* a line longer than the buffer: cut */
                         buf[have] = '\0';
-                        emit(l, buf);
+                        emit(l, LOG_WARNING, buf);
                         have = 0;
                 }
+                pthread_mutex_unlock(&sink_lock);
         }
         return NULL;
 }
 
-int kfs_log_detach(struct kfs_log **ret)
+int kfs_log_start(int file, const char *note, struct kfs_log **ret)
 {
         int p[2];
-        if (pipe2(p, O_CLOEXEC) < 0)
-                return -errno;
-        struct kfs_log *l = calloc(1, sizeof(*l)); /* lives as long as the process */
+        if (pipe2(p, O_CLOEXEC) < 0) {
+                int e = errno;
+                if (file >= 0)
+                        close(file);
+                return -e;
+        }
+        struct kfs_log *l = calloc(1, sizeof(*l));
         if (!l) {
                 close(p[0]);
                 close(p[1]);
+                if (file >= 0)
+                        close(file);
                 return -ENOMEM;
         }
         l->rfd = p[0];
+        l->file = file;
         l->tokens = LOG_BURST;
         clock_gettime(CLOCK_MONOTONIC, &l->last);
-        openlog("kcachefs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+        if (file < 0)
+                openlog("kcachefs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
         (void)fcntl(p[1], F_SETFL, O_NONBLOCK);
         sigset_t all, old;
         sigfillset(&all);
@@ -118,17 +260,25 @@ int kfs_log_detach(struct kfs_log **ret)
         if (e != 0) {
                 close(p[0]);
                 close(p[1]);
+                if (file >= 0)
+                        close(file);
                 free(l);
                 return -e;
         }
+        fflush(stderr);
         setvbuf(stderr, NULL, _IOLBF, 0); /* one write per line, so lines reach the pipe whole */
         if (dup2(p[1], STDERR_FILENO) < 0) {
                 int err = errno;
                 close(p[1]);
-                pthread_detach(l->th);
+                pthread_detach(l->th); /* it ends at EOF; l stays, as the process does */
                 return -err;
         }
         close(p[1]);
+        pthread_mutex_lock(&sink_lock);
+        sink = l;
+        pthread_mutex_unlock(&sink_lock);
+        if (note)
+                kfs_log(LOG_NOTICE, "%s", note);
         *ret = l;
         return 0;
 }
@@ -144,7 +294,13 @@ void kfs_log_finish(struct kfs_log *l)
                 close(null);
         }
         pthread_join(l->th, NULL);
+        pthread_mutex_lock(&sink_lock);
+        sink = NULL;
+        pthread_mutex_unlock(&sink_lock);
         close(l->rfd);
-        closelog();
+        if (l->file >= 0)
+                close(l->file);
+        else
+                closelog();
         free(l);
 }

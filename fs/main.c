@@ -5,7 +5,8 @@
  *   2. detach (unless -f): the parent waits on a pipe and exits with the child's verdict, so errors found
  *      later still reach the terminal and the exit status, and the index is opened once, in the daemon;
  *   3. create the metadata directory, take the index lock (one daemon per index), open or rebuild the
- *      index, mount, then tell the parent we are up.
+ *      index, mount, send messages where they go from now on (start_log: syslog, -o log= or the
+ *      fallback file), then tell the parent we are up.
  * At unmount (fusermount3 -u, or SIGTERM/SIGINT/SIGHUP) the session ends, the last batch is flushed and
  * the index is marked clean, so the next mount need not rescan. */
 #include <errno.h>
@@ -24,6 +25,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
+#include <syslog.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -45,31 +47,42 @@ static void usage(const char *prog)
                "past its limit, and least recently used files are evicted. Unmount with fusermount3 -u.\n"
                "\n"
                "kcachefs options:\n"
-               "    -o max_size=SIZE        size limit, bytes or with K/M/G/T (powers of 1024); default %s\n"
-               "    -o low_watermark=PCT    eviction frees down to PCT%% of max_size, in the background\n"
-               "                            from halfway between it and max_size on; default %d\n"
+               "    -o max_size=SIZE        size limit, bytes or with K/M/G/T/P (powers of 1024; 1.5G is\n"
+               "                            1.5 GiB), from 64K to 1024P; default %s\n"
+               "    -o low_watermark=PCT    eviction frees down to PCT%% of max_size (1 to 100), in the\n"
+               "                            background from halfway between it and max_size on; default %d\n"
                "    -o pin=GLOB[:GLOB...]   never evict matching files (a GLOB with '/' matches the path\n"
                "                            relative to the cache root, one without matches the name);\n"
                "                            default %s\n"
                "    -o protect=open|writers never evict open files (open, default) or only files open for\n"
                "                            writing (writers)\n"
                "    -o layout=RT | DIR=RT[:DIR=RT...]\n"
-               "                            the runtime whose cache layout a directory holds (neo, sycl,\n"
-               "                            pocl, triton, jax, cuda, numba, pyopencl, or file: each file\n"
-               "                            alone); default: recognised by their layout\n"
-               "    -o tmp_age=SECONDS      a runtime's temporary file older than this is leaked and may go;\n"
-               "                            default 3600\n"
+               "                            the runtime whose cache layout a directory holds, for caches\n"
+               "                            whose files do not tell; default: recognised by their layout.\n"
+               "                            RT is one of:\n",
+               prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS);
+        for (int i = 0; i < KRT__COUNT; i++)
+                printf("                              %-17s %s\n", krt_table[i].name, krt_table[i].what);
+        printf("    -o tmp_age=DURATION     a runtime's temporary file older than this is leaked and may go\n"
+               "                            (seconds, or with s/m/h/d; 1s to 30d); default 3600\n"
                "    -o stale_locks          remove a lock file (lock, *.lock) made through the mount when it is\n"
                "                            looked up after the process that made it has exited (torch\n"
                "                            extensions wait for one forever); default: never\n"
                "    -o grace_ms=MS          never evict an entry used this recently (a runtime builds and\n"
-               "                            reads an entry in several steps); default 2000\n"
+               "                            reads an entry in several steps), 0 to 3600000; default 2000\n"
                "    -o inode_fds=N          idle inodes' descriptors kept open (others are reopened at their\n"
-               "                            next use); default half of RLIMIT_NOFILE\n"
+               "                            next use), at least 1; default, and at most, half of\n"
+               "                            RLIMIT_NOFILE\n"
                "    -o index=PATH           SQLite index location; default BACKING_DIR/%s/index.db. Keep it\n"
                "                            on a local disk when BACKING_DIR is on NFS or Lustre\n"
-               "    -o timeout=SECONDS      kernel cache timeout for names and attributes; default %.0f\n"
-               "    -o flush_ms=MS          how often the access log is committed; default 1000\n"
+               "    -o timeout=DURATION     kernel cache timeout for names and attributes (seconds, or with\n"
+               "                            s/m/h/d; 0 to 1d); default %.0f\n"
+               "    -o flush_ms=MS          how often the access log is committed, 10 to 60000; default 1000\n"
+               "    -o log=FILE             once mounted, append messages to FILE (one line each, with the\n"
+               "                            time and the priority) instead of syslog (detached) or stderr\n"
+               "                            (-f). Without it and without syslog (no /dev/log) a detached\n"
+               "                            daemon's go to BACKING_DIR/%s/kcachefs.log (INDEX.log with\n"
+               "                            index= elsewhere)\n"
                "    -o rebuild              reconcile the index with BACKING_DIR at mount\n"
                "    -o tighten              where no directory above BACKING_DIR keeps other users out, close\n"
                "                            its parent (chmod go-rwx) when that is safe, instead of refusing\n"
@@ -82,8 +95,11 @@ static void usage(const char *prog)
                "                            enable_uring is turned on), which serves each request on the CPU\n"
                "                            that made it\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
+               "\n"
+               "Every mount is nosuid,nodev; its source (df, findmnt, mount(8)) is BACKING_DIR, its type\n"
+               "fuse.kcachefs. allow_other (a mount for every user) adds default_permissions.\n"
                "\n",
-               prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS, KFS_META_DIR, DEFAULT_TIMEOUT);
+               KFS_META_DIR, DEFAULT_TIMEOUT, KFS_META_DIR);
         printf("FUSE options:\n");
         fuse_cmdline_help();
         fuse_lowlevel_help();
@@ -92,12 +108,12 @@ static void usage(const char *prog)
 static int fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static int fail(const char *fmt, ...)
 {
+        char msg[PATH_MAX * 3];
         va_list ap;
         va_start(ap, fmt);
-        fputs("kcachefs: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        vsnprintf(msg, sizeof(msg), fmt, ap);
         va_end(ap);
+        kfs_log(LOG_ERR, "%s", msg);
         return 1;
 }
 
@@ -142,8 +158,8 @@ static void warn_network_fs(const char *dir)
         };
         for (size_t i = 0; i < sizeof(nfs) / sizeof(nfs[0]); i++)
                 if ((long)sf.f_type == nfs[i].magic)
-                        fprintf(stderr, "kcachefs: warning: the index is on %s (%s); SQLite needs a local "
-                                        "filesystem: use -o index=/local/path\n", nfs[i].name, dir);
+                        kfs_log(LOG_WARNING, "the index is on %s (%s); SQLite needs a local "
+                                             "filesystem: use -o index=/local/path", nfs[i].name, dir);
 }
 
 static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
@@ -151,20 +167,9 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         int r;
         if (!o->backing || !mountpoint_arg)
                 return fail("need BACKING_DIR and MOUNTPOINT (see --help)");
-        r = kfs_parse_size(o->max_size_str ? o->max_size_str : DEFAULT_MAX_SIZE, &o->max_size);
-        if (r < 0)
-                return fail("invalid max_size '%s': %s", o->max_size_str,
-                            r == -EDOM ? "must be more than zero" : r == -ERANGE ? "too large"
-                                                                   : "expected a number with an optional K, M, G or T");
-        o->low_watermark = DEFAULT_LOW_WATERMARK;
-        if (o->low_watermark_str) {
-                char *end;
-                long v = strtol(o->low_watermark_str, &end, 10);
-                if (end == o->low_watermark_str || (*end && strcmp(end, "%")) || v < 1 || v > 100)
-                        return fail("invalid low_watermark '%s': expected a percentage from 1 to 100",
-                                    o->low_watermark_str);
-                o->low_watermark = (unsigned)v;
-        }
+        char why[512];
+        if (kfs_opts_check(o, DEFAULT_MAX_SIZE, why, sizeof(why)) < 0)
+                return fail("%s", why);
         o->protect = KFS_PROTECT_OPEN;
         if (o->protect_str) {
                 if (!strcmp(o->protect_str, "writers"))
@@ -172,19 +177,20 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 else if (strcmp(o->protect_str, "open"))
                         return fail("invalid protect '%s': expected 'open' or 'writers'", o->protect_str);
         }
-        if (o->timeout < 0)
-                return fail("invalid timeout: must not be negative");
-        if (o->tmp_age < 0)
-                return fail("invalid tmp_age: must not be negative");
         if (o->remote_timeout_ms < 1 || o->remote_timeout_ms > 60000)
                 return fail("invalid remote_timeout_ms %u: expected 1 to 60000", o->remote_timeout_ms);
         if (!(o->remote_negative_s >= 0 && o->remote_negative_s <= 86400))
                 return fail("invalid remote_negative_s: expected 0 to 86400 seconds");
         if (o->remote_auth && !o->remote_url)
                 return fail("remote_auth= needs remote=");
-        if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0)
-                return fail("invalid layout '%s': expected RT or DIR=RT[:DIR=RT...] with RT one of neo, sycl, "
-                            "pocl, triton, jax, cuda, numba, pyopencl, mesa, file, auto", o->layout_str);
+        if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0) {
+                char names[512] = "";
+                for (int i = 0; i < KRT__COUNT; i++)
+                        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? ", " : "",
+                                 krt_table[i].name);
+                return fail("invalid layout '%s': expected RT or DIR=RT[:DIR=RT...] with RT one of %s",
+                            o->layout_str, names);
+        }
         if (kfs_parse_pins(o->pin_str ? o->pin_str : DEFAULT_PINS, &o->pins) < 0)
                 return fail("out of memory");
 
@@ -237,6 +243,30 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                         return r;
         }
         return 0;
+}
+
+/* The mount's source is the backing directory and its type fuse.kcachefs, as bindfs and mergerfs show
+ * theirs: df and findmnt tell two caches apart, and mount(8) sees that an fstab line is mounted already
+ * (mount -a twice mounts once). Put first, so that an fsname= or subtype= of the operator's wins; libfuse
+ * escapes nothing, so a comma or backslash in the path is escaped here (fuse_opt_add_opt_escaped). */
+static int add_source(struct fuse_args *args, const char *backing)
+{
+        char *opts = NULL, *arg = NULL;
+        int r = fuse_opt_add_opt(&opts, "subtype=kcachefs");
+        if (r == 0)
+                r = fuse_opt_add_opt(&opts, "fsname=");
+        if (r == 0) { /* "fsname=" then the escaped path, with no comma between */
+                char *esc = NULL;
+                r = fuse_opt_add_opt_escaped(&esc, backing);
+                if (r == 0 && asprintf(&arg, "-o%s%s", opts, esc) < 0)
+                        r = -1, arg = NULL;
+                free(esc);
+        }
+        if (r == 0)
+                r = fuse_opt_insert_arg(args, 1, arg);
+        free(arg);
+        free(opts);
+        return r < 0 ? fail("out of memory") : 0;
 }
 
 /* Tells systemd (Type=notify, $NOTIFY_SOCKET) how the daemon is doing: READY=1 once it serves. */
@@ -389,7 +419,7 @@ static int take_index_lock(struct kfs_opts *o, int *ret_fd)
                 pid[strcspn(pid, " \n")] = '\0';
                 if (stopping && waited_ms < LOCK_WAIT_MS) {
                         if (waited_ms == 1000)
-                                fprintf(stderr, "kcachefs: waiting for kcachefs (pid %s) to finish stopping\n", pid);
+                                kfs_log(LOG_NOTICE, "waiting for kcachefs (pid %s) to finish stopping", pid);
                         usleep(20000);
                         waited_ms += 20;
                         continue;
@@ -425,7 +455,7 @@ static int check_reach(const struct kfs_opts *o)
                 }
                 slash[slash == dir] = '\0'; /* "/x.db": "/" */
                 if (note)
-                        fprintf(stderr, "kcachefs: %s\n", note);
+                        kfs_log(LOG_NOTICE, "%s", note);
                 free(note);
                 note = NULL;
                 r = kfs_reach_check("index directory", dir, true, geteuid(), o->tighten, shared, &note, &why);
@@ -434,7 +464,7 @@ static int check_reach(const struct kfs_opts *o)
         if (r < 0)
                 fail("%s", why ? why : strerror(-r));
         else if (note)
-                fprintf(stderr, "kcachefs: %s\n", note);
+                kfs_log(LOG_NOTICE, "%s", note);
         free(note);
         free(why);
         return r < 0;
@@ -464,18 +494,56 @@ static int detach(void)
         return p[1];
 }
 
-static void detached_ready(int fd, struct kfs_log **log)
+/* Where messages go once the daemon serves (log.c): the -o log= file, opened before detaching (LOG_FD),
+ * or syslog, or, where no syslog socket answers, a file in the index's directory: BACKING_DIR/.kcachefs/
+ * kcachefs.log through the tree door, or with -o index= elsewhere INDEX.log beside it (such a backing
+ * directory gets no .kcachefs of ours). The environment's KCACHEFS_SYSLOG_SOCKET (for tests only) is the
+ * socket looked for instead of /dev/log. */
+static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log **log)
+{
+        char note[2 * PATH_MAX], path[PATH_MAX + 8];
+        const char *sock = getenv("KCACHEFS_SYSLOG_SOCKET");
+        sock = sock && *sock ? sock : _PATH_LOG;
+        if (log_fd < 0 && !kfs_log_syslog_answers(sock)) {
+                if (own_meta) {
+                        snprintf(path, sizeof(path), "%s/%s/kcachefs.log", fs->o.backing, KFS_META_DIR);
+                        int r = ktree_mkdir(&fs->tree, KTREE_ROOT, KFS_META_DIR, 0700);
+                        log_fd = r == 0 || r == -EEXIST
+                                 ? ktree_open_file(&fs->tree, KTREE_ROOT, KFS_META_DIR "/kcachefs.log",
+                                                   O_WRONLY | O_APPEND | O_CREAT, 0600) : r;
+                } else { /* outside the backing tree, as the index itself is opened */
+                        snprintf(path, sizeof(path), "%s.log", fs->o.index_path);
+                        log_fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY, 0600);
+                        log_fd = log_fd < 0 ? -errno : log_fd;
+                }
+                if (log_fd < 0) { /* said on stderr, whatever that is now */
+                        kfs_log(LOG_WARNING, "no syslog at %s, and %s cannot be written (%s): messages are lost",
+                                sock, path, strerror(-log_fd));
+                        return;
+                }
+                snprintf(note, sizeof(note), "messages go to %s (no syslog at %s; -o log=FILE chooses another "
+                         "file)", path, sock);
+        } else {
+                snprintf(note, sizeof(note), "messages go to %s", log_fd >= 0 ? fs->o.log_path : "syslog");
+        }
+        int r = kfs_log_start(log_fd, note, log);
+        if (r < 0)
+                kfs_log(LOG_WARNING, "cannot start the log: %s", strerror(-r));
+}
+
+/* The parent learns that the daemon serves, and the daemon lets go of the terminal. */
+static void detached_ready(int fd, bool logging)
 {
         if (fd < 0)
                 return;
         if (chdir("/") < 0) {
                 /* the mount works regardless */
         }
-        int null = open("/dev/null", O_RDWR);
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
         if (null >= 0) {
                 dup2(null, 0);
                 dup2(null, 1);
-                if (kfs_log_detach(log) < 0) /* stderr to syslog (log.c); /dev/null only if that fails */
+                if (!logging) /* else stderr is the log's pipe (start_log) */
                         dup2(null, 2);
                 if (null > 2)
                         close(null);
@@ -485,6 +553,36 @@ static void detached_ready(int fd, struct kfs_log **log)
                 /* the parent is gone: nobody to tell */
         }
         close(fd);
+}
+
+/* -o log=FILE: its directory must exist, and it must lie outside the backing directory (where the cache
+ * would count it) and the mount point. Opened before anything is made, so that a mistake is said on the
+ * terminal. *RET_FD: the file, appended to. */
+static int open_log_file(struct kfs_opts *o, int *ret_fd)
+{
+        char *copy = strdup(o->log_path), *slash = copy ? strrchr(copy, '/') : NULL, *rdir = NULL;
+        if (!copy)
+                return fail("out of memory");
+        const char *dir = slash ? (slash == copy ? "/" : (*slash = '\0', copy)) : ".";
+        int r = check_dir("log directory", dir, &rdir, true);
+        if (r == 0 && (path_within(rdir, o->mountpoint) || path_within(rdir, o->backing)))
+                r = fail("the log '%s' is inside the %s", o->log_path,
+                         path_within(rdir, o->mountpoint) ? "mount point" : "backing directory, where the cache would count it");
+        if (r == 0) {
+                int fd = open(o->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+                struct stat st;
+                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+                        int e = fd < 0 ? errno : EINVAL;
+                        if (fd >= 0)
+                                close(fd);
+                        r = fail("cannot write the log '%s': %s", o->log_path, e == EINVAL ? "not a regular file" : strerror(e));
+                } else {
+                        *ret_fd = fd;
+                }
+        }
+        free(rdir);
+        free(copy);
+        return r;
 }
 
 /* The inodes' fds are a bounded set sized from this limit (inode.c, DESCRIPTORS): allow as many as
@@ -574,16 +672,18 @@ int main(int argc, char *argv[])
         struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
         struct fuse_cmdline_opts cmd = { 0 };
         struct kfs fs = { .tree.root = -1, .root.fd = -1, .dead_fd = -1 };
-        int lock_fd = -1, ready_fd = -1, ret = 1;
+        int lock_fd = -1, ready_fd = -1, log_fd = -1, ret = 1;
         bool served = false;
         struct kfs_log *log = NULL;
 
+        kfs_log_init();
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
         fs.o.remote_timeout_ms = DEFAULT_REMOTE_TIMEOUT_MS;
         fs.o.remote_negative_s = DEFAULT_REMOTE_NEGATIVE_S;
+        fs.o.low_watermark = DEFAULT_LOW_WATERMARK;
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
         if (fs.o.show_help) {
@@ -607,25 +707,27 @@ int main(int argc, char *argv[])
                 goto out_args;
         }
         /* A shared mount: the daemon checks no permission itself (it serves every request as root), so the
-         * kernel must (default_permissions); and nobody's file may be a setuid program or a device node for
-         * the others (nosuid,nodev; mount(8) passes "suid,dev" for fstab's "defaults"). Added last: libfuse
-         * takes the last of suid/nosuid and of dev/nodev. */
-        if (fs.o.allow_other && ((!fs.o.default_permissions && fuse_opt_add_arg(&args, "-odefault_permissions") < 0) ||
-                                 fuse_opt_add_arg(&args, "-onosuid,nodev") < 0)) {
+         * kernel must (default_permissions). Every mount, shared or not, is nosuid,nodev: a cache holds no
+         * setuid program or device node for anyone (mount(8) passes "suid,dev" for fstab's "defaults"). Added
+         * last: libfuse takes the last of suid/nosuid and of dev/nodev. */
+        if ((fs.o.allow_other && !fs.o.default_permissions && fuse_opt_add_arg(&args, "-odefault_permissions") < 0) ||
+            fuse_opt_add_arg(&args, "-onosuid,nodev") < 0) {
                 fail("out of memory");
                 goto out_args;
         }
-        if (check_opts(&fs.o, cmd.mountpoint) || check_fuse_opts(&args) || check_not_mounted(fs.o.mountpoint) ||
-            check_reach(&fs.o) || kfs_remote_init(&fs) < 0)
+        if (check_opts(&fs.o, cmd.mountpoint) || add_source(&args, fs.o.backing) || check_fuse_opts(&args) ||
+            check_not_mounted(fs.o.mountpoint) || check_reach(&fs.o) ||
+            (fs.o.log_path && open_log_file(&fs.o, &log_fd)) || kfs_remote_init(&fs) < 0)
                 goto out_args;
         if (fs.o.allow_other && !fs.o.default_permissions)
-                fprintf(stderr, "kcachefs: allow_other: default_permissions added: kcachefs checks no permissions "
-                                "itself, so the kernel must\n");
+                kfs_log(LOG_NOTICE, "allow_other: default_permissions added: kcachefs checks no permissions "
+                                    "itself, so the kernel must");
 
         if (!cmd.foreground && (ready_fd = detach()) < 0) {
                 fail("cannot detach: %s", strerror(-ready_fd));
                 goto out_args;
         }
+        bool own_meta = !fs.o.index_path; /* the index in BACKING_DIR/.kcachefs (take_index_lock) */
         if (take_index_lock(&fs.o, &lock_fd) || init_root(&fs))
                 goto out_fs;
         kev_marks_load(&fs); /* the directories kcache env made for a runtime (evict/marks.c) */
@@ -646,7 +748,7 @@ int main(int argc, char *argv[])
         if (why != KIDX_NO_REBUILD && (why != KIDX_REBUILD_NEW || cmd.foreground)) {
                 struct kidx_stats s;
                 kidx_get_stats(fs.idx, &s);
-                fprintf(stderr, "kcachefs: index rebuilt (%s): %llu files, %llu bytes\n", kidx_rebuild_reason_str(why),
+                kfs_log(LOG_NOTICE, "index rebuilt (%s): %llu files, %llu bytes", kidx_rebuild_reason_str(why),
                         (unsigned long long)s.files, (unsigned long long)s.used_bytes);
         }
         kfs_users_check(&fs); /* before the kernel knows a name: what claims users/ wrongly (users.c, U2) */
@@ -675,11 +777,14 @@ int main(int argc, char *argv[])
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
         }
-        detached_ready(ready_fd, &log);
+        if (!cmd.foreground || log_fd >= 0)
+                start_log(&fs, own_meta, log_fd, &log);
+        log_fd = -1;
+        detached_ready(ready_fd, log != NULL);
         ready_fd = -1;
         served = true;
         sd_notify("READY=1");
-        fprintf(stderr, "kcachefs: mounted %s on %s (max_size %llu bytes, %llu files, %llu bytes used)\n",
+        kfs_log(LOG_INFO, "mounted %s on %s (max_size %llu bytes, %llu files, %llu bytes used)",
                 fs.o.backing, fs.o.mountpoint, (unsigned long long)fs.o.max_size, (unsigned long long)ks.files,
                 (unsigned long long)kidx_used(fs.idx));
         kev_start(&fs);
@@ -729,7 +834,7 @@ out_idx:
         /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
         kidx_close(fs.idx, ret == 0);
         if (served)
-                fprintf(stderr, "kcachefs: unmounted %s; the index is %s\n", fs.o.mountpoint,
+                kfs_log(LOG_INFO, "unmounted %s; the index is %s", fs.o.mountpoint,
                         ret == 0 ? "flushed and marked clean" : "left to be reconciled at the next mount");
 out_fs:
         kev_free(&fs);
@@ -745,6 +850,8 @@ out_fs:
                 close(lock_fd);
 out_args:
         kfs_remote_free(&fs); /* where it was made and the start failed before out_fs */
+        if (log_fd >= 0)
+                close(log_fd);
         kfs_free_opts(&fs.o);
         free(cmd.mountpoint);
         fuse_opt_free_args(&args);

@@ -134,7 +134,7 @@ static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char 
                 kidx_del_dent(fs->idx, dir->bino, name);
                 if (fstat(fd, &st) == 0) /* its names now */
                         forget_name_of_file(fs, &st);
-                fprintf(stderr, "kcachefs: removed the stale lock '%s' (its creator, pid %d, has exited)\n", name,
+                kfs_log(LOG_NOTICE, "removed the stale lock '%s' (its creator, pid %d, has exited)", name,
                         (int)in->creator);
         }
         if (fd >= 0)

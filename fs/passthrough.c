@@ -59,7 +59,7 @@ static void turn_off(struct kfs *fs, bool say, const char *why, int err)
                 say = false;
         pthread_mutex_unlock(&fs->pt.lock);
         if (say)
-                fprintf(stderr, "kcachefs: kernel passthrough off (%s); reads go through the page cache\n", fs->pt.why);
+                kfs_log(LOG_NOTICE, "kernel passthrough off (%s); reads go through the page cache", fs->pt.why);
 }
 
 void kfs_pt_off(struct kfs *fs, const char *why, int err)

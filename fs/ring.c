@@ -371,7 +371,7 @@ static void failed(struct kfs_ring *r, const char *what, int err)
 {
         int none = 0;
         if (atomic_compare_exchange_strong(&r->err, &none, err))
-                fprintf(stderr, "kcachefs: io_uring %s: %s\n", what, strerror(err));
+                kfs_log(LOG_WARNING, "io_uring %s: %s", what, strerror(err));
 }
 
 static void reported(struct kfs_ring *r)
@@ -408,7 +408,7 @@ static void *ring_main(void *arg)
         reported(r);
         while (!atomic_load(&r->stop) && err == 0) {
                 if ((err = ring_enter(t, true)) < 0) {
-                        fprintf(stderr, "kcachefs: io_uring_enter: %s\n", strerror(-err));
+                        kfs_log(LOG_ERR, "io_uring_enter: %s", strerror(-err));
                         break;
                 }
                 unsigned head = *t->cq_head, tail = __atomic_load_n(t->cq_tail, __ATOMIC_ACQUIRE);
@@ -428,12 +428,12 @@ static void *ring_main(void *arg)
                                 failed(r, "registration", -c->res); /* no retry: it would fail the same */
                                 atomic_store(&r->down, true);
                         } else if (c->res < 0 && !e->fetched) {
-                                fprintf(stderr, "kcachefs: io_uring: an extra entry of queue %u: %s\n", t->qid,
+                                kfs_log(LOG_WARNING, "io_uring: an extra entry of queue %u: %s", t->qid,
                                         strerror(-c->res)); /* the thread's first entry still serves */
                         } else if (c->res < 0) {
                                 /* The kernel refused a commit: the entry is out of use, and a new one
                                  * takes its place so that the queue keeps being served. */
-                                fprintf(stderr, "kcachefs: io_uring entry of queue %u: %s\n", t->qid,
+                                kfs_log(LOG_ERR, "io_uring entry of queue %u: %s", t->qid,
                                         strerror(-c->res));
                                 atomic_store(&e->unique, 0);
                                 struct ring_ent *n = ent_new(t);
@@ -473,8 +473,8 @@ void kfs_ring_prepare(struct kfs *fs)
         if (f && fclose(f) != 0)
                 ok = false;
         if (ok)
-                fprintf(stderr, "kcachefs: turned on FUSE over io_uring in the kernel (%s); -o nouring leaves it "
-                                "off\n", RING_SWITCH);
+                kfs_log(LOG_NOTICE, "turned on FUSE over io_uring in the kernel (%s); -o nouring leaves it "
+                                    "off", RING_SWITCH);
 }
 
 bool kfs_ring_wanted(struct kfs *fs)
@@ -512,7 +512,7 @@ void kfs_ring_init(struct kfs *fs)
                 ring_unmap(&r->probe);
                 free(r);
                 atomic_store(&fs->ring_err, -err);
-                fprintf(stderr, "kcachefs: io_uring unavailable (%s); requests go through /dev/fuse\n", strerror(-err));
+                kfs_log(LOG_NOTICE, "io_uring unavailable (%s); requests go through /dev/fuse", strerror(-err));
                 return;
         }
         r->nq = (unsigned)n;
@@ -526,7 +526,7 @@ void kfs_ring_init(struct kfs *fs)
  * on through /dev/fuse), and one naming a queue that does not exist fails before anything is kept. */
 static void give_up(struct kfs_ring *r)
 {
-        fprintf(stderr, "kcachefs: a CPU's io_uring queue has no thread; requests go through /dev/fuse\n");
+        kfs_log(LOG_WARNING, "a CPU's io_uring queue has no thread; requests go through /dev/fuse");
         atomic_store(&r->down, true);
         struct ring_ent none = { .t = &r->probe }; /* never read: the queue check fails first */
         r->probe.qid = UINT16_MAX;

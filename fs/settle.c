@@ -185,8 +185,8 @@ void kfs_settle_note(struct kfs *fs, struct kfs_inode *in)
                 if (!fs->settle.started) {
                         fs->settle.retry_at = now + 1000000000LL;
                         if (!fs->settle.said)
-                                fprintf(stderr, "kcachefs: warning: cannot start the settler thread yet: written "
-                                                "files are measured again at kcache verify and at unmount\n");
+                                kfs_log(LOG_WARNING, "cannot start the settler thread yet: written "
+                                                     "files are measured again at kcache verify and at unmount");
                         fs->settle.said = true;
                 }
         }

@@ -106,8 +106,8 @@ static int open_container(struct kfs *fs, const struct ktree *t, bool make, stru
                 return fd == -ENOENT ? fd : -EPERM; /* a symlink, a file, another filesystem */
         if (fstat(fd, ret_st) < 0 || !kfs_users_container_ok(ret_st)) {
                 close(fd);
-                fprintf(stderr, "kcachefs: %s/ is not the daemon's own directory: no user directory is given "
-                        "until the next mount sets it aside\n", KFS_USERS_DIR);
+                kfs_log(LOG_WARNING, "%s/ is not the daemon's own directory: no user directory is given "
+                        "until the next mount sets it aside", KFS_USERS_DIR);
                 return -EPERM;
         }
         if (made)
@@ -168,7 +168,7 @@ int kfs_users_home(fuse_req_t req, struct kfs *fs, char *buf, size_t size)
                 r = make_home(fs, &t, ufd, &ust, name, uid, c->gid);
                 if (r < 0 && r != -EEXIST) { /* a full disk, a quota: said as it is, nothing was planted */
                         close(ufd);
-                        fprintf(stderr, "kcachefs: cannot make %s/%s for user %s: %s\n", KFS_USERS_DIR, name, name,
+                        kfs_log(LOG_ERR, "cannot make %s/%s for user %s: %s", KFS_USERS_DIR, name, name,
                                 strerror(-r));
                         return r;
                 }
@@ -182,8 +182,8 @@ int kfs_users_home(fuse_req_t req, struct kfs *fs, char *buf, size_t size)
                 hfd = -EPERM;
         }
         if (hfd == -EPERM)
-                fprintf(stderr, "kcachefs: %s/%s is not user %s's directory: refused until the next mount sets "
-                        "it aside\n", KFS_USERS_DIR, name, name);
+                kfs_log(LOG_WARNING, "%s/%s is not user %s's directory: refused until the next mount sets "
+                        "it aside", KFS_USERS_DIR, name, name);
         if (hfd < 0)
                 return hfd;
         /* Its owner may have opened it up; the runtimes' binaries below it must be theirs alone. */
@@ -209,7 +209,7 @@ static void set_aside(struct kfs *fs, const struct ktree *t, int dfd, uint64_t d
                 r = ktree_rename(t, dfd, name, dfd, aside, RENAME_NOREPLACE);
         if (r == 0)
                 kidx_rename(fs->idx, dir_ino, name, dir_ino, aside, false);
-        fprintf(stderr, "kcachefs: %s (owner %u, mode %04o) was not made by kcachefs for its user: %s%s%s\n",
+        kfs_log(r == 0 ? LOG_WARNING : LOG_ERR, "%s (owner %u, mode %04o) was not made by kcachefs for its user: %s%s%s",
                 shown, (unsigned)st->st_uid, (unsigned)(st->st_mode & 07777),
                 r == 0 ? "set aside as " : "could not set it aside: ", r == 0 ? aside : strerror(-r),
                 r == 0 ? "" : " (refused while it stays)");

@@ -80,7 +80,7 @@ static void *descent_main(void *arg)
                 pthread_mutex_unlock(&fs->ev->space_lock);
                 int64_t freed = kev_evict_to(fs, kev_low_watermark(fs), true);
                 if (freed < 0)
-                        fprintf(stderr, "kcachefs: evicting down to the low watermark failed: %s\n", strerror((int)-freed));
+                        kfs_log(LOG_ERR, "evicting down to the low watermark failed: %s", strerror((int)-freed));
                 atomic_fetch_add(&fs->ev->descent.runs, 1);
                 pthread_mutex_lock(&fs->ev->space_lock);
                 fs->ev->descent.running = false;
@@ -117,8 +117,8 @@ bool kev_descent_started_locked(struct kfs *fs)
         fs->ev->descent.started = e == 0;
         if (e) {
                 if (!fs->ev->descent.retry_at) /* said once */
-                        fprintf(stderr, "kcachefs: no thread for background eviction yet (%s): writes that reach the "
-                                        "limit evict in line\n", strerror(e));
+                        kfs_log(LOG_WARNING, "no thread for background eviction yet (%s): writes that reach the "
+                                             "limit evict in line", strerror(e));
                 fs->ev->descent.retry_at = now + 1000000000LL;
         }
         return fs->ev->descent.started;

@@ -23,9 +23,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
         struct kfs_opts o = { 0 };
         if (kfs_opts_parse(&args, &o) == 0) {
-                uint64_t sz;
-                if (o.max_size_str)
-                        kfs_parse_size(o.max_size_str, &sz);
+                char why[512];
+                (void)kfs_opts_check(&o, "1G", why, sizeof(why));
                 if (o.pin_str && kfs_parse_pins(o.pin_str, &o.pins) < 0)
                         o.pins = NULL;
                 if (o.layout_str && kfs_parse_layouts(o.layout_str, &o.layouts, &o.nlayouts) < 0)
