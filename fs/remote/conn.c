@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <syslog.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -158,8 +159,28 @@ static bool ok_reply(redisReply *rep)
         return ok;
 }
 
+/* A failure said to the operator (syslog, the journal or the log file: fs/log.c), at most once a minute
+ * while the server stays away, and once when it answers again. */
+static void say_down(struct kfs_remote *r, const char *why)
+{
+        int64_t now = now_ns(), last = atomic_load(&r->said_ns);
+        bool was = atomic_exchange(&r->said_down, true);
+        if (!was || now - last > 60 * (int64_t)1000000000) {
+                atomic_store(&r->said_ns, now);
+                kfs_log(LOG_WARNING, "kcachefs: remote %s: %s: lookups miss the shared tier until it answers", r->where,
+                        why && *why ? why : "no answer");
+        }
+}
+
+static void say_up(struct kfs_remote *r)
+{
+        if (atomic_exchange(&r->said_down, false))
+                kfs_log(LOG_NOTICE, "kcachefs: remote %s answers again", r->where);
+}
+
 void kfs_remote_conn_failed(struct kfs_remote *r, redisContext *c)
 {
+        say_down(r, c ? c->errstr : NULL);
         struct remote_conn *rc = pthread_getspecific(r->conn_key);
         if (rc && rc->c == c) {
                 redisFree(c);
@@ -188,6 +209,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
         redisContext *c = r->unix_path ? redisConnectUnixWithTimeout(r->unix_path, tv)
                                        : redisConnectWithTimeout(r->host, r->port, tv);
         if (!c || c->err) {
+                say_down(r, c ? c->errstr : "out of memory");
                 if (c)
                         redisFree(c);
                 atomic_fetch_add(&r->errors, 1);
@@ -202,6 +224,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
         if (ok && r->db)
                 ok = ok_reply(redisCommand(c, "SELECT %d", r->db));
         if (!ok) {
+                say_down(r, "AUTH or SELECT refused (remote_auth=, the database number, or the server's ACL)");
                 redisFree(c);
                 atomic_fetch_add(&r->errors, 1);
                 atomic_store(&r->down_until_ns, now_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
@@ -209,6 +232,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
         }
         (void)redisSetTimeout(c, tv_of(timeout_ms));
         rc->c = c;
+        say_up(r);
         return c;
 }
 

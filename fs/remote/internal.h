@@ -35,6 +35,8 @@ struct kfs_remote {
         char node[64];            /* this node's name, in published units */
         pthread_key_t conn_key;   /* this thread's struct remote_conn */
         _Atomic int64_t down_until_ns; /* no connection is tried before this */
+        _Atomic bool said_down;   /* the operator was told it is away (conn.c) */
+        _Atomic int64_t said_ns;  /* when */
 
         pthread_mutex_t neg_lock; /* a leaf */
         kmap neg;                 /* hash of namespace and path -> expiry (ns, as a pointer); neg_lock */
