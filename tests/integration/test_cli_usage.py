@@ -211,6 +211,7 @@ def test_the_man_page_matches_every_verbs_help():
         for opt in set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", h)) - {"-h", "--help"}:
             assert opt in documented, (verb, opt)
     top = subprocess.run([kcache_bin(), "--help"], capture_output=True, text=True, check=True).stdout
+    assert " ".join(top.splitlines()[0].replace("usage:", "").split()).lower() in forms
     assert "-V, --version" in top and "-V" in documented and "--version" in documented
     assert "0 ok, 1 the operation failed, 2 bad usage" in top
     status = page.split(".SH EXIT STATUS")[1].split(".SH ")[0]
