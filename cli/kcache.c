@@ -2,9 +2,14 @@
  *
  * It talks to the daemon through the mount itself: the user.kcachefs.* attributes (fs/control.c) for
  * totals and actions, which the daemon checks (only the mount's owner or root may act), and the index,
- * opened read-only, for listings (WAL readers never block the daemon). Exit status: 0, 1 on an error,
- * 2 on bad usage. */
-#include <dirent.h>
+ * opened read-only, for listings (WAL readers never block the daemon). The command line: args.h (exit
+ * status 0 ok, 1 the operation failed, 2 bad usage).
+ *
+ * It never says yes to what it did not do: every verb that names a mount checks that it is the root of a
+ * kcachefs mount (it answers user.kcachefs.version), and every verb that names a file checks that the
+ * file is a regular file of such a mount (kc_open_in_mount) before it sets anything on it. A path
+ * elsewhere (the backing directory, say) would otherwise take the control attributes as ordinary ones
+ * and keep them: a stray user.kcachefs.pinned there is even read back as a pin by the index's rebuild. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -16,22 +21,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
+#include "kcache.h"
 #include "quote.h"
 #include "show.h"
 #include "../index/kidx.h"
+#include "../common/parse.h"
 #include "../common/runtimes.h"
-#include "../common/tree.h"
 
-#define KC_PREFIX "user.kcachefs."
-
-static int kc_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int kc_fail(const char *fmt, ...)
+int kc_fail(const char *fmt, ...)
 {
         va_list ap;
         va_start(ap, fmt);
@@ -40,28 +43,6 @@ static int kc_fail(const char *fmt, ...)
         fputc('\n', stderr);
         va_end(ap);
         return 1;
-}
-
-static void kc_usage(FILE *f)
-{
-        fputs("usage: kcache COMMAND [ARGS]\n"
-              "\n"
-              "  stats [MOUNT] [--json|--prometheus]     limit, use, files, hits, evictions, per-user usage\n"
-              "  ls [MOUNT] [PATH] [--lru|--mru] [-n N] [--json]\n"
-              "                                          files in eviction order with size, last access, opens\n"
-              "  evict MOUNT --to SIZE                   evict least recently used files down to SIZE\n"
-              "  evict MOUNT --older-than DURATION       evict files not accessed for DURATION (30d, 12h, 90s)\n"
-              "  evict PATH...                           evict these files now (unless open or pinned)\n"
-              "  pin PATH... | unpin PATH...             never evict these files / allow it again\n"
-              "  verify [--repair] MOUNT                 compare the index with the backing directory\n"
-              "  env MOUNT [RUNTIME...]                  export lines pointing runtimes at the mount (on a\n"
-              "                                          shared mount, at a directory of your own in it)\n"
-              "  show FILE...                            decode libkcache entries: key fields, sizes, verdict\n"
-              "\n"
-              "MOUNT defaults to $KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt. Actions need the rights of the\n"
-              "mount's owner (or root). RUNTIME: neo sycl pocl cuda triton jax kcache mesa numba ccache inductor cupy\n"
-              "torch-extensions (default: these), pyopencl (XDG_CACHE_HOME: only when named).\n",
-              f);
 }
 
 static const char *kc_default_mount(void)
@@ -74,8 +55,7 @@ static const char *kc_default_mount(void)
         return buf;
 }
 
-/* Reads attribute name of path into buf (NUL-terminated). Returns the length or -errno. */
-static ssize_t kc_get(const char *path, const char *name, char *buf, size_t size)
+ssize_t kc_get(const char *path, const char *name, char *buf, size_t size)
 {
         char full[128];
         snprintf(full, sizeof(full), KC_PREFIX "%s", name);
@@ -86,16 +66,15 @@ static ssize_t kc_get(const char *path, const char *name, char *buf, size_t size
         return n;
 }
 
-static int kc_set(const char *path, const char *name, const char *value)
+int kc_set(const char *path, const char *name, const char *value)
 {
         char full[128];
         snprintf(full, sizeof(full), KC_PREFIX "%s", name);
         return setxattr(path, full, value, strlen(value), 0) < 0 ? -errno : 0;
 }
 
-/* The mount a command names (or the default), checked to be a kcachefs mount root; NULL after the error. */
 static int kc_check_mount(const char *mount);
-static const char *kc_mount_or_default(const char *given)
+const char *kc_mount_or_default(const char *given)
 {
         const char *mount = given ? given : kc_default_mount();
         return kc_check_mount(mount) ? NULL : mount;
@@ -131,7 +110,7 @@ static void kc_human(uint64_t b, char *buf, size_t size)
         snprintf(buf, size, u ? "%.1f %s" : "%.0f %s", v, units[u]);
 }
 
-static const char *kc_perm_hint(int e)
+const char *kc_perm_hint(int e)
 {
         return e == -EPERM || e == -EACCES ? " (only the mount's owner or root may do this)" : "";
 }
@@ -163,22 +142,57 @@ static void kc_user_row(void *ud, uint32_t uid, uint64_t files, uint64_t bytes)
         u->n++;
 }
 
-static int kc_stats(int argc, char **argv)
+/* Zeroes the daemon's statistics counters (fs/control.c, zero): hits, bytes served, evictions, waits,
+ * refetches... never the limit, the use or what eviction reads. Prints the error itself. */
+static int kc_zero(const char *mount)
 {
-        int mode = 0;
-        const char *mount = NULL;
-        for (int i = 1; i < argc; i++) {
-                if (!strcmp(argv[i], "--json"))
-                        mode = 1;
-                else if (!strcmp(argv[i], "--prometheus"))
-                        mode = 2;
-                else if (argv[i][0] == '-')
-                        return kc_usage(stderr), 2;
-                else
-                        mount = argv[i];
+        int r = kc_set(mount, "zero", "1");
+        if (r < 0)
+                return kc_fail("%s: cannot zero the statistics: %s%s", mount,
+                               r == -ENOTSUP ? "the daemon is older than this kcache" : strerror(-r), kc_perm_hint(r));
+        return 0;
+}
+
+static int kc_cmd_zero(const struct kc_verb *v, int argc, char **argv)
+{
+        static const struct option longs[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+        int c;
+        if ((c = kc_opt(v, argc, argv, "", longs)) != -1)
+                return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
+                return KC_EXIT_USAGE;
+        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
+        if (!mount || kc_zero(mount))
+                return KC_EXIT_FAILED;
+        printf("%s: statistics zeroed\n", mount);
+        return KC_EXIT_OK;
+}
+
+static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
+{
+        static const struct option longs[] = {
+                { "json", no_argument, NULL, KC_O_JSON }, { "prometheus", no_argument, NULL, KC_O_PROMETHEUS },
+                { "zero", no_argument, NULL, 'z' }, { "help", no_argument, NULL, 'h' }, { 0 },
+        };
+        int mode = 0, opt; /* 0 human, 1 json, 2 prometheus */
+        bool zero = false;
+        while ((opt = kc_opt(v, argc, argv, "z", longs)) != -1) {
+                if (opt == KC_O_JSON || opt == KC_O_PROMETHEUS) {
+                        int m = opt == KC_O_JSON ? 1 : 2;
+                        if (mode && mode != m)
+                                return kc_bad_usage(v, "--json or --prometheus, not both");
+                        mode = m;
+                } else if (opt == 'z') {
+                        zero = true;
+                } else {
+                        return opt == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+                }
         }
-        if (!(mount = kc_mount_or_default(mount)))
-                return 1;
+        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
+                return KC_EXIT_USAGE;
+        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
+        if (!mount || (zero && kc_zero(mount)))
+                return KC_EXIT_FAILED;
         char json[65536], index[PATH_MAX];
         if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
                 return kc_fail("%s: cannot read the statistics: %s", mount, strerror(errno));
@@ -346,27 +360,30 @@ static int kc_find_root(const char *path, char *root, size_t size)
         }
 }
 
-static int kc_ls(int argc, char **argv)
+static int kc_cmd_ls(const struct kc_verb *v, int argc, char **argv)
 {
+        static const struct option longs[] = {
+                { "lru", no_argument, NULL, KC_O_LRU }, { "mru", no_argument, NULL, KC_O_MRU },
+                { "json", no_argument, NULL, KC_O_JSON }, { "help", no_argument, NULL, 'h' }, { 0 },
+        };
         bool mru = false;
         struct kc_ls ls = { 0 };
         uint64_t n = 0;
-        const char *args[2] = { NULL, NULL };
-        int nargs = 0;
-        for (int i = 1; i < argc; i++) {
-                if (!strcmp(argv[i], "--lru"))
-                        mru = false;
-                else if (!strcmp(argv[i], "--mru"))
-                        mru = true;
-                else if (!strcmp(argv[i], "--json"))
+        int c;
+        while ((c = kc_opt(v, argc, argv, "n:", longs)) != -1) {
+                if (c == KC_O_LRU || c == KC_O_MRU)
+                        mru = c == KC_O_MRU;
+                else if (c == KC_O_JSON)
                         ls.json = true;
-                else if (!strcmp(argv[i], "-n") && i + 1 < argc)
-                        n = strtoull(argv[++i], NULL, 10);
-                else if (argv[i][0] == '-' || nargs == 2)
-                        return kc_usage(stderr), 2;
-                else
-                        args[nargs++] = argv[i];
+                else if (c == 'n' && kc_parse_count(optarg, &n) < 0)
+                        return kc_bad_usage(v, "invalid count '%s' for -n (a whole number, 1 or more)", optarg);
+                else if (c != 'n')
+                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
         }
+        if (kc_operands(v, argc, argv, 0, 2, "MOUNT"))
+                return KC_EXIT_USAGE;
+        const char **args = (const char **)argv + optind;
+        int nargs = argc - optind;
         const char *target = nargs == 2 ? args[1] : nargs == 1 ? args[0] : kc_default_mount();
         char root[PATH_MAX], real[PATH_MAX], index[PATH_MAX];
         if (nargs == 2 && kc_check_mount(args[0]))
@@ -408,29 +425,6 @@ static int kc_ls(int argc, char **argv)
 
 /* ---- evict, pin, unpin ---- */
 
-static int kc_duration(const char *s, double *ret)
-{
-        char *end;
-        double v = strtod(s, &end);
-        if (end == s || v < 0)
-                return -EINVAL;
-        double mult = 1;
-        if (!strcmp(end, "s") || !*end)
-                mult = 1;
-        else if (!strcmp(end, "m") || !strcmp(end, "min"))
-                mult = 60;
-        else if (!strcmp(end, "h"))
-                mult = 3600;
-        else if (!strcmp(end, "d"))
-                mult = 86400;
-        else if (!strcmp(end, "w"))
-                mult = 7 * 86400;
-        else
-                return -EINVAL;
-        *ret = v * mult;
-        return 0;
-}
-
 struct kc_job {
         const char *mount, *attr, *value;
         int result;
@@ -445,10 +439,8 @@ static void *kc_set_thread(void *arg)
         return NULL;
 }
 
-/* Sets attr to value on the mount: one request, which the daemon answers when the work is done. On a
- * terminal, show is called at the start (tick 0) and every 200 ms meanwhile, and says whether it printed. */
-static int kc_set_watched(const char *mount, const char *attr, const char *value,
-                          bool (*show)(const char *mount, void *state, unsigned tick), void *state)
+int kc_set_watched(const char *mount, const char *attr, const char *value,
+                   bool (*show)(const char *mount, void *state, unsigned tick), void *state)
 {
         struct kc_job j = { mount, attr, value, 0, 0 };
         pthread_t t;
@@ -488,396 +480,143 @@ static int kc_evict_with_progress(const char *mount, const char *value)
         return kc_set_watched(mount, "evict", value, kc_show_evicting, base);
 }
 
-static int kc_evict(int argc, char **argv)
+/* Opens path (following a symlink, as setxattr would) as an O_PATH descriptor, which opens nothing in the
+ * mount (no access is logged), once it is checked to be a regular file of a kcachefs mount: the nearest
+ * directory above where it resolved answers user.kcachefs.version (only a mount's root does) and is on
+ * the same filesystem as the file. *ret_proc names it for the *xattr calls (/proc/self/fd/N: what is
+ * set is set on the file that was checked, whatever happens to the path meanwhile). Returns the
+ * descriptor, or -1 after the error is said. */
+static int kc_open_in_mount(const char *path, char *ret_proc, size_t size)
 {
-        if (argc >= 4 && (!strcmp(argv[2], "--to") || !strcmp(argv[2], "--older-than"))) {
-                const char *mount = argv[1];
-                if (kc_check_mount(mount))
-                        return 1;
-                char v[128];
-                if (!strcmp(argv[2], "--to")) {
-                        snprintf(v, sizeof(v), "to=%s", argv[3]);
-                } else {
-                        double secs;
-                        if (kc_duration(argv[3], &secs) < 0)
-                                return kc_fail("invalid duration '%s' (examples: 90s, 15m, 12h, 30d)", argv[3]);
-                        snprintf(v, sizeof(v), "older=%.3f", secs);
-                }
-                uint64_t before = kc_num(mount, "used_bytes"), files = kc_num(mount, "files");
-                int r = kc_evict_with_progress(mount, v);
-                if (r < 0)
-                        return kc_fail("%s: eviction failed: %s%s", mount, r == -EINVAL ? "invalid size" : strerror(-r),
-                                       kc_perm_hint(r));
-                char a[32], b[32];
-                kc_human(before - kc_num(mount, "used_bytes"), a, sizeof(a));
-                kc_human(kc_num(mount, "used_bytes"), b, sizeof(b));
-                printf("evicted %" PRIu64 " files, %s; %s in use\n", files - kc_num(mount, "files"), a, b);
-                return 0;
+        char real[PATH_MAX], root[PATH_MAX];
+        struct stat st, rst;
+        int fd = open(path, O_PATH | O_CLOEXEC);
+        if (fd < 0)
+                return kc_fail("%s: %s", path, strerror(errno)), -1;
+        snprintf(ret_proc, size, "/proc/self/fd/%d", fd);
+        ssize_t n = readlink(ret_proc, real, sizeof(real) - 1);
+        if (n > 0)
+                real[n] = '\0';
+        if (fstat(fd, &st) < 0 || n <= 0 || (size_t)n >= sizeof(real) - 1 || kc_find_root(real, root, sizeof(root)) < 0 ||
+            stat(root, &rst) < 0 || rst.st_dev != st.st_dev) {
+                close(fd);
+                return kc_fail("%s is not in a kcachefs mount", path), -1;
         }
-        if (argc < 2 || argv[1][0] == '-')
-                return kc_usage(stderr), 2;
-        int status = 0;
-        for (int i = 1; i < argc; i++) {
-                int r = kc_set(argv[i], "evict", "1");
+        if (!S_ISREG(st.st_mode)) {
+                close(fd);
+                return kc_fail("%s is not a regular file (only files are pinned or evicted)", path), -1;
+        }
+        return fd;
+}
+
+static int kc_evict_files(char **paths, int n)
+{
+        int status = KC_EXIT_OK;
+        for (int i = 0; i < n; i++) {
+                char proc[64];
+                int fd = kc_open_in_mount(paths[i], proc, sizeof(proc));
+                if (fd < 0) {
+                        status = KC_EXIT_FAILED;
+                        continue;
+                }
+                int r = kc_set(proc, "evict", "1");
+                close(fd);
                 if (r < 0)
-                        status = kc_fail("%s: %s%s", argv[i],
+                        status = kc_fail("%s: %s%s", paths[i],
                                          r == -EBUSY ? "open, not evicted" : r == -EPERM ? "pinned or not permitted"
-                                         : r == -ENOTSUP || r == -ENODATA ? "not a file in a kcachefs mount"
-                                                                          : strerror(-r), kc_perm_hint(r == -EPERM ? 0 : r));
+                                                                                       : strerror(-r),
+                                         kc_perm_hint(r == -EPERM ? 0 : r));
         }
         return status;
 }
 
-static int kc_pin(int argc, char **argv, bool pin)
+static int kc_cmd_evict(const struct kc_verb *v, int argc, char **argv)
 {
-        if (argc < 2)
-                return kc_usage(stderr), 2;
-        int status = 0;
-        for (int i = 1; i < argc; i++) {
-                int r = pin ? kc_set(argv[i], "pinned", "1")
-                            : (removexattr(argv[i], KC_PREFIX "pinned") < 0 ? -errno : 0);
-                if (r < 0)
-                        status = kc_fail("%s: %s%s", argv[i],
-                                         r == -ENOTSUP || r == -ENODATA ? "not a file in a kcachefs mount" : strerror(-r),
-                                         kc_perm_hint(r));
-        }
-        return status;
-}
-
-/* ---- verify ---- */
-
-/* A name of a regular file, as the index or the tree has it. The two are compared by (directory inode,
- * name), never by path: a path is bounded (PATH_MAX), a tree is not, and a name deeper than PATH_MAX must
- * verify as any other. A path is spelled only for a difference, to report it. */
-struct kc_name {
-        uint64_t dir; /* the directory's backing inode */
-        char *name;
-        uint64_t ino, bytes;
-};
-
-struct kc_names {
-        struct kc_name *v;
-        size_t n, cap;
-};
-
-/* A directory the walk went through: enough to spell the path of a name in it. */
-struct kc_dir {
-        uint64_t ino, parent;
-        char *name;
-};
-
-struct kc_scan {
-        struct ktree t;       /* the backing tree: every open goes through tree.h */
-        uint64_t root;        /* the backing root's inode */
-        struct kc_names files;
-        struct kc_dir *dirs;  /* sorted by ino once the walk is done */
-        size_t ndirs, dcap;
-        bool tty;
-};
-
-static void *kc_grow(void *v, size_t *cap, size_t n, size_t elem)
-{
-        if (n < *cap)
-                return v;
-        *cap = *cap ? *cap * 2 : 1024;
-        v = realloc(v, *cap * elem);
-        if (!v) {
-                kc_fail("out of memory");
-                exit(1);
-        }
-        return v;
-}
-
-static char *kc_strdup(const char *s)
-{
-        char *d = strdup(s);
-        if (!d) {
-                kc_fail("out of memory");
-                exit(1);
-        }
-        return d;
-}
-
-static void kc_add(void *ud, uint64_t dir, const char *name, uint64_t ino, uint64_t bytes)
-{
-        struct kc_names *s = ud;
-        s->v = kc_grow(s->v, &s->cap, s->n, sizeof(*s->v));
-        s->v[s->n++] = (struct kc_name){ dir, kc_strdup(name), ino, bytes };
-}
-
-/* Walks directory D (inode DIR) and below. Each level holds one descriptor, reached from its parent's
- * through ktree_opendir (no symlink followed, no other filesystem entered); nothing is resolved by path.
- * Names that vanish meanwhile are skipped, as the daemon's rebuild skips them. */
-static void kc_walk(struct kc_scan *w, DIR *d, uint64_t dir)
-{
-        struct dirent *de;
-        while ((de = readdir(d))) {
-                const char *name = de->d_name;
-                if (!ktree_name_ok(name) || (dir == w->root && !strcmp(name, ".kcachefs")))
-                        continue;
-                struct stat st;
-                if (fstatat(dirfd(d), name, &st, AT_SYMLINK_NOFOLLOW) < 0 || st.st_dev != w->t.dev)
-                        continue; /* gone, or another filesystem mounted there: not the cache's (kidx-rebuild.c) */
-                if (S_ISREG(st.st_mode)) {
-                        kc_add(&w->files, dir, name, st.st_ino, (uint64_t)st.st_blocks * 512);
-                        if (w->tty && w->files.n % 10000 == 0)
-                                fprintf(stderr, "\rkcache: scanning: %zu files", w->files.n);
-                } else if (S_ISDIR(st.st_mode)) {
-                        DIR *c = ktree_opendir(&w->t, dirfd(d), name);
-                        struct stat cst;
-                        if (!c)
-                                continue;
-                        if (fstat(dirfd(c), &cst) == 0) { /* the directory opened, whatever the name held before */
-                                w->dirs = kc_grow(w->dirs, &w->dcap, w->ndirs, sizeof(*w->dirs));
-                                w->dirs[w->ndirs++] = (struct kc_dir){ cst.st_ino, dir, kc_strdup(name) };
-                                kc_walk(w, c, cst.st_ino);
-                        }
-                        closedir(c);
-                }
-        }
-}
-
-static int kc_cmp_name(const void *a, const void *b)
-{
-        const struct kc_name *x = a, *y = b;
-        return x->dir != y->dir ? (x->dir < y->dir ? -1 : 1) : strcmp(x->name, y->name);
-}
-
-static int kc_cmp_dir(const void *a, const void *b)
-{
-        const struct kc_dir *x = a, *y = b;
-        return x->ino < y->ino ? -1 : x->ino > y->ino;
-}
-
-/* The path of NAME in directory DIR as the walk saw it, malloc'ed, any length; NULL if out of memory. */
-static char *kc_tree_path(const struct kc_scan *w, uint64_t dir, const char *name)
-{
-        size_t len = strlen(name), depth = 0;
-        for (uint64_t d = dir; d != w->root && depth <= w->ndirs; depth++) {
-                struct kc_dir key = { .ino = d }, *e = bsearch(&key, w->dirs, w->ndirs, sizeof(*w->dirs), kc_cmp_dir);
-                if (!e)
-                        break;
-                len += strlen(e->name) + 1;
-                d = e->parent;
-        }
-        char *p = malloc(len + 1);
-        if (!p)
-                return NULL;
-        size_t at = len - strlen(name);
-        memcpy(p + at, name, strlen(name) + 1);
-        for (uint64_t d = dir; d != w->root && at > 0;) {
-                struct kc_dir key = { .ino = d }, *e = bsearch(&key, w->dirs, w->ndirs, sizeof(*w->dirs), kc_cmp_dir);
-                if (!e)
-                        break;
-                size_t l = strlen(e->name);
-                p[--at] = '/';
-                at -= l;
-                memcpy(p + at, e->name, l);
-                d = e->parent;
-        }
-        return p;
-}
-
-static void kc_free_names(struct kc_names *s)
-{
-        for (size_t i = 0; i < s->n; i++)
-                free(s->v[i].name);
-        free(s->v);
-}
-
-/* Reports one difference: LABEL, the name's path quoted (quote.h), and the rest. */
-static void kc_report(const char *label, char *path, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void kc_report(const char *label, char *path, const char *fmt, ...)
-{
-        fputs(label, stdout);
-        kc_put_shell(stdout, path ? path : "?");
-        va_list ap;
-        va_start(ap, fmt);
-        vprintf(fmt, ap);
-        va_end(ap);
-        putchar('\n');
-        free(path);
-}
-
-/* The string value of "KEY" in the daemon's stats object, JSON escapes decoded; NULL if absent. Written
- * for any escaping the daemon may use: \uXXXX (UTF-8, or the byte of \udc80-\udcff) and the one-letter ones. */
-static char *kc_json_field(const char *json, const char *key)
-{
-        char pat[64];
-        snprintf(pat, sizeof(pat), "\"%s\":\"", key);
-        const char *p = strstr(json, pat);
-        if (!p)
-                return NULL;
-        p += strlen(pat);
-        char *out = malloc(strlen(p) * 4 + 1), *o = out; /* \uXXXX (6 bytes) decodes to at most 4 */
-        if (!out)
-                return NULL;
-        for (; *p && *p != '"'; p++) {
-                if (*p != '\\') {
-                        *o++ = *p;
-                        continue;
-                }
-                char c = *++p;
-                const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t", *at = c ? strchr(from, c) : NULL;
-                unsigned v;
-                if (at) {
-                        *o++ = to[at - from];
-                } else if (c == 'u' && sscanf(p + 1, "%4x", &v) == 1 && strspn(p + 1, "0123456789abcdefABCDEF") >= 4) {
-                        p += 4;
-                        if (v >= 0xdc80 && v <= 0xdcff)
-                                *o++ = (char)(v & 0xff);
-                        else if (v < 0x80)
-                                *o++ = (char)v;
-                        else if (v < 0x800)
-                                *o++ = (char)(0xc0 | v >> 6), *o++ = (char)(0x80 | (v & 0x3f));
-                        else
-                                *o++ = (char)(0xe0 | v >> 12), *o++ = (char)(0x80 | ((v >> 6) & 0x3f)),
-                                *o++ = (char)(0x80 | (v & 0x3f));
-                } else {
-                        free(out);
-                        return NULL;
-                }
-        }
-        *o = '\0';
-        return out;
-}
-
-/* Returns the number of differences, or -errno. */
-static long kc_compare(const char *mount, bool quiet)
-{
-        char json[65536], index[PATH_MAX];
-        if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
-                return -errno;
-        char *backing = kc_json_field(json, "backing");
-        if (!backing)
-                return -EPROTO;
-        (void)kc_set(mount, "flush", "1");
-        struct kc_scan w = { .t.root = -1, .tty = isatty(STDERR_FILENO) };
-        struct kc_names idx = { 0 };
-        kidx_reader *rd = NULL;
-        int r = ktree_init(&w.t, backing);
-        free(backing);
-        struct stat root;
-        if (r == 0 && (r = fstat(w.t.root, &root) < 0 ? -errno : 0) == 0)
-                w.root = root.st_ino;
-        if (r == 0 && (r = kidx_reader_open(index, &rd)) == 0)
-                r = kidx_reader_names(rd, kc_add, &idx);
-        DIR *d = r == 0 ? ktree_opendir(&w.t, KTREE_ROOT, "") : NULL;
-        if (r == 0 && !d)
-                r = -errno;
-        if (r < 0) {
-                kidx_reader_close(rd);
-                kc_free_names(&idx);
-                ktree_close(&w.t);
-                return r;
-        }
-        kc_walk(&w, d, w.root);
-        closedir(d);
-        if (w.tty)
-                fprintf(stderr, "\rkcache: scanned %zu files\n", w.files.n);
-        if (idx.n) /* an empty set has no array: qsort's pointer must not be NULL */
-                qsort(idx.v, idx.n, sizeof(*idx.v), kc_cmp_name);
-        if (w.files.n)
-                qsort(w.files.v, w.files.n, sizeof(*w.files.v), kc_cmp_name);
-        if (w.ndirs)
-                qsort(w.dirs, w.ndirs, sizeof(*w.dirs), kc_cmp_dir);
-        long diff = 0;
-        size_t i = 0, j = 0;
-        struct kc_name *tv = w.files.v;
-        while (i < idx.n || j < w.files.n) {
-                int c = i == idx.n ? 1 : j == w.files.n ? -1 : kc_cmp_name(&idx.v[i], &tv[j]);
-                if (c < 0) {
-                        char *p = NULL;
-                        if (!quiet && kidx_reader_path(rd, idx.v[i].dir, idx.v[i].name, &p) < 0)
-                                p = strdup(idx.v[i].name);
-                        if (!quiet)
-                                kc_report("only in the index:  ", p, "%s", "");
-                        diff++, i++;
-                } else if (c > 0) {
-                        if (!quiet)
-                                kc_report("not in the index:   ", kc_tree_path(&w, tv[j].dir, tv[j].name),
-                                          " (%" PRIu64 " bytes)", tv[j].bytes);
-                        diff++, j++;
-                } else {
-                        if (idx.v[i].bytes != tv[j].bytes || idx.v[i].ino != tv[j].ino) {
-                                if (!quiet)
-                                        kc_report("differs:            ", kc_tree_path(&w, tv[j].dir, tv[j].name),
-                                                  " (index %" PRIu64 " bytes, tree %" PRIu64 ")", idx.v[i].bytes,
-                                                  tv[j].bytes);
-                                diff++;
-                        }
-                        i++, j++;
-                }
-        }
-        kidx_reader_close(rd);
-        kc_free_names(&idx);
-        kc_free_names(&w.files);
-        for (size_t k = 0; k < w.ndirs; k++)
-                free(w.dirs[k].name);
-        free(w.dirs);
-        ktree_close(&w.t);
-        return diff;
-}
-
-/* The daemon's reconcile (a rescan of the backing tree): the time it has taken so far. */
-static bool kc_show_repairing(const char *mount, void *state, unsigned tick)
-{
-        (void)mount;
-        (void)state;
-        fprintf(stderr, "\rkcache: repairing: rescanning the backing directory");
-        if (tick)
-                fprintf(stderr, ", %u s", tick / 5);
-        return true;
-}
-
-static int kc_repair_with_progress(const char *mount)
-{
-        return kc_set_watched(mount, "reconcile", "1", kc_show_repairing, NULL);
-}
-
-static int kc_verify(int argc, char **argv)
-{
-        bool repair = false;
-        const char *mount = NULL;
-        for (int i = 1; i < argc; i++) {
-                if (!strcmp(argv[i], "--repair"))
-                        repair = true;
-                else if (argv[i][0] == '-')
-                        return kc_usage(stderr), 2;
+        static const struct option longs[] = {
+                { "to", required_argument, NULL, KC_O_TO }, { "older-than", required_argument, NULL, KC_O_OLDER_THAN },
+                { "help", no_argument, NULL, 'h' }, { 0 },
+        };
+        const char *to = NULL, *older = NULL;
+        int c;
+        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
+                if (c == KC_O_TO)
+                        to = optarg;
+                else if (c == KC_O_OLDER_THAN)
+                        older = optarg;
                 else
-                        mount = argv[i];
+                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
         }
-        if (!(mount = kc_mount_or_default(mount)))
-                return 1;
-        /* The walk holds a descriptor per level of the tree: as deep as the hard limit allows. */
-        struct rlimit rl;
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
-                rl.rlim_cur = rl.rlim_max;
-                (void)setrlimit(RLIMIT_NOFILE, &rl);
+        if (to && older)
+                return kc_bad_usage(v, "--to or --older-than, not both");
+        if (!to && !older) {
+                if (kc_operands(v, argc, argv, 1, -1, "PATH"))
+                        return KC_EXIT_USAGE;
+                return kc_evict_files(argv + optind, argc - optind);
         }
-        /* A change in flight (a write, an eviction by the daemon) between the index's flush and the walk
-         * of the tree is a difference that is not one: a comparison that finds any is made again, and
-         * the second one is what is reported. */
-        long d = kc_compare(mount, true);
-        if (d > 0)
-                d = kc_compare(mount, false);
-        if (d < 0)
-                return kc_fail("%s: cannot verify: %s", mount, strerror((int)-d));
-        if (d == 0) {
-                printf("%s: the index matches the backing directory\n", mount);
-                return 0;
+        if (argc - optind != 1) /* files with --to would be taken for the mount, or the mount for a file */
+                return kc_bad_usage(v, "%s needs the MOUNT and nothing else", to ? "--to" : "--older-than");
+        char value[128];
+        if (to) {
+                uint64_t bytes;
+                if (kparse_size(to, &bytes, 1) < 0)
+                        return kc_bad_usage(v, "invalid size '%s' for --to (examples: 1.5G, 500M, 64K, 0)", to);
+                snprintf(value, sizeof(value), "to=%" PRIu64, bytes);
+        } else {
+                double secs;
+                if (kparse_duration(older, &secs, 1) < 0) /* finite, 0 to 100 years: "nan" evicted nothing */
+                        return kc_bad_usage(v, "invalid duration '%s' for --older-than (examples: 90s, 15m, 12h, 30d)",
+                                            older);
+                snprintf(value, sizeof(value), "older=%.3f", secs);
         }
-        printf("%s: %ld difference%s\n", mount, d, d == 1 ? "" : "s");
-        if (!repair)
-                return 1;
-        int r = kc_repair_with_progress(mount);
+        const char *mount = argv[optind];
+        if (kc_check_mount(mount))
+                return KC_EXIT_FAILED;
+        uint64_t before = kc_num(mount, "used_bytes"), files = kc_num(mount, "files");
+        int r = kc_evict_with_progress(mount, value);
         if (r < 0)
-                return kc_fail("%s: repair failed: %s%s", mount, strerror(-r), kc_perm_hint(r));
-        d = kc_compare(mount, true);
-        if (d != 0)
-                return kc_fail("%s: %ld differences remain after the repair", mount, d);
-        printf("%s: repaired; the index matches the backing directory\n", mount);
-        return 0;
+                return kc_fail("%s: eviction failed: %s%s", mount, strerror(-r), kc_perm_hint(r));
+        char a[32], b[32];
+        uint64_t after = kc_num(mount, "used_bytes");
+        kc_human(before > after ? before - after : 0, a, sizeof(a));
+        kc_human(after, b, sizeof(b));
+        uint64_t left = kc_num(mount, "files");
+        printf("evicted %" PRIu64 " files, %s; %s in use\n", files > left ? files - left : 0, a, b);
+        return KC_EXIT_OK;
+}
+
+/* pin and unpin: the daemon keeps the pin (fs/control.c, PINS). */
+static int kc_pin(const struct kc_verb *v, int argc, char **argv, bool pin)
+{
+        static const struct option longs[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+        int c;
+        if ((c = kc_opt(v, argc, argv, "", longs)) != -1)
+                return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+        if (kc_operands(v, argc, argv, 1, -1, "PATH"))
+                return KC_EXIT_USAGE;
+        int status = KC_EXIT_OK;
+        for (int i = optind; i < argc; i++) {
+                char proc[64];
+                int fd = kc_open_in_mount(argv[i], proc, sizeof(proc));
+                if (fd < 0) {
+                        status = KC_EXIT_FAILED;
+                        continue;
+                }
+                int r = pin ? kc_set(proc, "pinned", "1") : (removexattr(proc, KC_PREFIX "pinned") < 0 ? -errno : 0);
+                close(fd);
+                if (r < 0)
+                        status = kc_fail("%s: %s%s", argv[i], strerror(-r), kc_perm_hint(r));
+        }
+        return status;
+}
+
+static int kc_cmd_pin(const struct kc_verb *v, int argc, char **argv)
+{
+        return kc_pin(v, argc, argv, true);
+}
+
+static int kc_cmd_unpin(const struct kc_verb *v, int argc, char **argv)
+{
+        return kc_pin(v, argc, argv, false);
 }
 
 /* ---- env ---- */
@@ -962,33 +701,43 @@ static int kc_env_base(const char *mount, const char *real, char *base, size_t s
 }
 
 /* The runtimes' descriptors (common/runtimes.c) say what each one needs. */
-static int kc_env(int argc, char **argv)
+static bool kc_is_runtime(const char *name)
 {
-        if (argc < 2 || argv[1][0] == '-')
-                return kc_usage(stderr), 2;
-        const char *mount = argv[1];
-        if (kc_check_mount(mount))
-                return 1;
-        char real[PATH_MAX];
-        if (!realpath(mount, real))
-                return kc_fail("%s: %s", mount, strerror(errno));
+        int rt = krt_by_name(name);
+        return rt >= 0 && krt_table[rt].env;
+}
+
+/* env [MOUNT] [RUNTIME...]: the first operand is the mount unless it is a runtime's name (a mount so
+ * named is written with a slash: ./pocl), so that MOUNT defaults to $KCACHEFS_MOUNT as everywhere. */
+static int kc_cmd_env(const struct kc_verb *v, int argc, char **argv)
+{
+        static const struct option longs[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+        int c;
+        if ((c = kc_opt(v, argc, argv, "", longs)) != -1)
+                return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+        int first = optind;
+        const char *mount = first < argc && !kc_is_runtime(argv[first]) ? argv[first++] : NULL;
         int want[KRT__COUNT], n = 0;
-        for (int i = 2; i < argc; i++) {
-                int rt = krt_by_name(argv[i]);
-                if (rt < 0 || !krt_table[rt].env) {
+        for (int i = first; i < argc; i++) {
+                if (!kc_is_runtime(argv[i])) {
                         char known[512] = "";
                         for (int k = 0; k < KRT__COUNT; k++)
                                 if (krt_table[k].env)
                                         snprintf(known + strlen(known), sizeof(known) - strlen(known), "%s%s",
                                                  *known ? " " : "", krt_table[k].name);
-                        return kc_fail("unknown runtime '%s' (%s)", argv[i], known);
+                        return kc_bad_usage(v, "unknown runtime '%s' (%s)", argv[i], known);
                 }
                 if (n < KRT__COUNT)
-                        want[n++] = rt;
+                        want[n++] = krt_by_name(argv[i]);
         }
-        for (int k = 0; argc <= 2 && k < KRT__COUNT; k++)
+        for (int k = 0; first == argc && k < KRT__COUNT; k++)
                 if (krt_table[k].env && krt_table[k].env_default)
                         want[n++] = k;
+        if (!(mount = kc_mount_or_default(mount)))
+                return KC_EXIT_FAILED;
+        char real[PATH_MAX];
+        if (!realpath(mount, real))
+                return kc_fail("%s: %s", mount, strerror(errno));
         char base[PATH_MAX];
         if (kc_env_base(mount, real, base, sizeof(base)))
                 return 1;
@@ -1008,35 +757,97 @@ static int kc_env(int argc, char **argv)
         return 0;
 }
 
+static int kc_cmd_show(const struct kc_verb *v, int argc, char **argv)
+{
+        static const struct option longs[] = { { "help", no_argument, NULL, 'h' }, { 0 } };
+        int c;
+        if ((c = kc_opt(v, argc, argv, "", longs)) != -1)
+                return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+        if (kc_operands(v, argc, argv, 1, -1, "FILE"))
+                return KC_EXIT_USAGE;
+        return kc_show(argc - optind, argv + optind);
+}
+
+/* The verbs, in the order of the usage. kcache(1)'s SYNOPSIS and DESCRIPTION say the same. */
+static const struct kc_verb kc_verbs[] = {
+        { "stats", kc_cmd_stats,
+          { { "[MOUNT] [--json|--prometheus] [-z|--zero]", "limit, use, files, hits, evictions, per-user usage" } },
+          "  --json         one JSON object, stable keys (max_bytes, used_bytes, files, ...)\n"
+          "  --prometheus   the Prometheus text format, for a node exporter's textfile collector\n"
+          "  -z, --zero     zero the statistics counters first (as kcache zero), then print\n" },
+        { "zero", kc_cmd_zero,
+          { { "[MOUNT]", "zero the statistics counters (hits, evictions, refetches...)" } },
+          NULL },
+        { "ls", kc_cmd_ls,
+          { { "[MOUNT] [PATH] [--lru|--mru] [-n N] [--json]", "files in eviction order with size, last access, opens" } },
+          "  --lru          the next to be evicted first (the default)\n"
+          "  --mru          the most recently used first\n"
+          "  -n N           at most N files\n"
+          "  --json         a JSON array, one object per file\n" },
+        { "evict", kc_cmd_evict,
+          { { "MOUNT --to SIZE", "evict least recently used files down to SIZE (1.5G, 500M, 0)" },
+            { "MOUNT --older-than DURATION", "evict files not accessed for DURATION (90s, 15m, 12h, 30d)" },
+            { "PATH...", "evict these files now (unless open or pinned)" } },
+          "  --to SIZE                evict down to SIZE bytes (K, M, G, T, P: powers of 1024)\n"
+          "  --older-than DURATION    evict what was not accessed for DURATION (s, m, h, d, w)\n" },
+        { "pin", kc_cmd_pin, { { "PATH...", "never evict these files" } }, NULL },
+        { "unpin", kc_cmd_unpin, { { "PATH...", "allow evicting these files again" } }, NULL },
+        { "verify", kc_cmd_verify,
+          { { "[--repair] [MOUNT]", "compare the index with the backing directory" } },
+          "  --repair       have the daemon reconcile the differences\n" },
+        { "env", kc_cmd_env,
+          { { "[MOUNT] [RUNTIME...]", "export lines pointing runtimes at the mount (on a shared mount, at a\n"
+                                      "directory of your own in it)" } },
+          NULL },
+        { "show", kc_cmd_show, { { "FILE...", "decode libkcache entries: key fields, sizes, verdict" } }, NULL },
+};
+#define KC_NVERBS (sizeof(kc_verbs) / sizeof(kc_verbs[0]))
+
+static const struct kc_verb *kc_verb_by_name(const char *name)
+{
+        for (size_t i = 0; i < KC_NVERBS; i++)
+                if (!strcmp(kc_verbs[i].name, name))
+                        return &kc_verbs[i];
+        return NULL;
+}
+
 int main(int argc, char **argv)
 {
-        if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
-                kc_usage(argc < 2 ? stderr : stdout);
-                return argc < 2 ? 2 : 0;
+        static const struct option longs[] = {
+                { "help", no_argument, NULL, 'h' }, { "version", no_argument, NULL, 'V' }, { 0 },
+        };
+        int c;
+        while ((c = kc_opt(NULL, argc, argv, "V", longs)) != -1) {
+                if (c == KC_OPT_HELP) {
+                        kc_usage(stdout, kc_verbs, KC_NVERBS);
+                        return KC_EXIT_OK;
+                }
+                if (c == 'V') {
+                        printf("kcache (kcachefs) " KCACHE_VERSION "\n");
+                        return KC_EXIT_OK;
+                }
+                return KC_EXIT_USAGE;
         }
-        if (!strcmp(argv[1], "--version")) {
-                printf("kcache (kcachefs) " KCACHE_VERSION "\n");
-                return 0;
+        if (optind >= argc) {
+                kc_usage(stderr, kc_verbs, KC_NVERBS);
+                return KC_EXIT_USAGE;
         }
-        const char *cmd = argv[1];
-        argc--, argv++;
-        if (!strcmp(cmd, "stats"))
-                return kc_stats(argc, argv);
-        if (!strcmp(cmd, "ls"))
-                return kc_ls(argc, argv);
-        if (!strcmp(cmd, "evict"))
-                return kc_evict(argc, argv);
-        if (!strcmp(cmd, "pin"))
-                return kc_pin(argc, argv, true);
-        if (!strcmp(cmd, "unpin"))
-                return kc_pin(argc, argv, false);
-        if (!strcmp(cmd, "verify"))
-                return kc_verify(argc, argv);
-        if (!strcmp(cmd, "env"))
-                return kc_env(argc, argv);
-        if (!strcmp(cmd, "show"))
-                return kc_show(argc, argv);
-        kc_fail("unknown command '%s'", cmd);
-        kc_usage(stderr);
-        return 2;
+        const char *cmd = argv[optind];
+        argc -= optind;
+        argv += optind;
+        optind = 0; /* glibc: start over on the verb's arguments */
+        if (!strcmp(cmd, "help")) { /* help [COMMAND] */
+                const struct kc_verb *v = argc > 1 ? kc_verb_by_name(argv[1]) : NULL;
+                if (argc > 2 || (argc == 2 && !v))
+                        return kc_bad_usage(NULL, "help: unknown command '%s'", argv[argc - 1]);
+                if (v)
+                        kc_verb_help(stdout, v);
+                else
+                        kc_usage(stdout, kc_verbs, KC_NVERBS);
+                return KC_EXIT_OK;
+        }
+        const struct kc_verb *v = kc_verb_by_name(cmd);
+        if (!v)
+                return kc_bad_usage(NULL, "unknown command '%s'", cmd);
+        return v->run(v, argc, argv);
 }

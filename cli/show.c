@@ -1,7 +1,6 @@
 /* kcache show FILE...: decodes libkcache entries (see client/kcache-entry.h): the key's fields, the
  * sizes, and whether the entry is whole and would be used (format, file name, checksums, owner).
- * Reads only; works on any entry file, in a mount or not. Exit status: 0 every entry is sound, 1 one
- * is not (or cannot be read), 2 usage. */
+ * Reads only; works on any entry file, in a mount or not. Its command line is kcache.c's (args.h). */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -113,17 +112,13 @@ static int show_one(const char *path)
         return bad;
 }
 
-int kc_show(int argc, char **argv)
+int kc_show(int n, char **files)
 {
-        if (argc < 2) {
-                fprintf(stderr, "usage: kcache show FILE...\n");
-                return 2;
-        }
         int bad = 0;
-        for (int i = 1; i < argc; i++) {
-                if (i > 1)
+        for (int i = 0; i < n; i++) {
+                if (i > 0)
                         printf("\n");
-                bad |= show_one(argv[i]);
+                bad |= show_one(files[i]);
         }
         return bad;
 }

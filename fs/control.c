@@ -20,7 +20,8 @@
  *                      stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
- *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1
+ *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1, zero=1 (the statistics
+ *                      counters back to 0: zero_counters; never a gauge, nor what eviction reads)
  *   on a directory in the root, or users/<uid>/NAME  runtime=NAME (also its owner; read back too): that
  *                      runtime's rules apply in it (evict/marks.c; kcache env sets it)
  * And on the mount root, for anyone: home, the caller's own directory (users/<uid>, made by the daemon on
@@ -320,6 +321,23 @@ static int parse_bool(const char *v, size_t size, bool *ret)
         return 0;
 }
 
+/* kcache zero: every counter of the statistics (opens, bytes_read, evicted_*, rebuilds, helped_writes,
+ * blocked_writes, background_evictions, refetch*, suggested_max_bytes, refused_*, passthrough_opens,
+ * ring_requests, fd_reopens, pruned_names, remote_*) back to 0. Not the gauges (max, used and free bytes, files,
+ * the index's size, descriptors, inodes) nor anything eviction reads (the index's totals and seq,
+ * misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
+ * operation in flight may be counted on either side of the zero. */
+static int zero_counters(struct kfs *fs)
+{
+        kev_zero_counts(fs);
+        atomic_store(&fs->pt.opens, 0);
+        atomic_store(&fs->ring_requests, 0);
+        atomic_store(&fs->fdc.reopens, 0);
+        atomic_store(&fs->kprune.sent, 0);
+        kfs_remote_zero(fs);
+        return kidx_zero_counters(fs->idx);
+}
+
 static int root_action(struct kfs *fs, const char *n, const char *value, size_t size)
 {
         char v[128];
@@ -330,6 +348,11 @@ static int root_action(struct kfs *fs, const char *n, const char *value, size_t 
         if (!strcmp(n, "flush")) {
                 kfs_settle_all(fs); /* the written files' allocation as the disk has it now */
                 return kidx_flush(fs->idx);
+        }
+        if (!strcmp(n, "zero")) {
+                bool yes;
+                int r = parse_bool(value, size, &yes);
+                return r < 0 ? r : yes ? zero_counters(fs) : -EINVAL;
         }
         if (!strcmp(n, "reconcile"))
                 return kidx_reconcile(fs->idx, fs->tree.root, KFS_META_DIR);

@@ -232,6 +232,26 @@ out:
         return r;
 }
 
+int kidx_zero_counters(kidx *idx)
+{
+        /* db_lock: no flush writes the counters between the zeroing and their commit. */
+        pthread_mutex_lock(&idx->db_lock);
+        pthread_mutex_lock(&idx->batch_lock);
+        idx->stats.opens = idx->stats.bytes_read = 0;
+        idx->stats.evicted_files = idx->stats.evicted_bytes = idx->stats.rebuilds = 0;
+        pthread_mutex_unlock(&idx->batch_lock);
+        static const char *const keys[] = { "opens", "bytes_read", "evicted_files", "evicted_bytes", "rebuilds" };
+        int r = kidx__exec(idx->db, "BEGIN IMMEDIATE");
+        for (size_t i = 0; r == 0 && i < sizeof(keys) / sizeof(keys[0]); i++)
+                r = kidx__set_meta(idx, keys[i], 0);
+        if (r == 0)
+                r = kidx__exec(idx->db, "COMMIT");
+        if (r < 0)
+                kidx__exec(idx->db, "ROLLBACK");
+        pthread_mutex_unlock(&idx->db_lock);
+        return r;
+}
+
 /* WAL checkpoints. SQLite's own (every 1000 pages of WAL) run inside whichever commit crosses the mark,
  * and with synchronous=NORMAL a checkpoint syncs the WAL and the database: 5-6 ms here, added to that
  * commit. When the commit is an eviction's flush inside a write, a writer waits for it (the worst 64 KiB

@@ -93,6 +93,11 @@ int kidx_mark_dirty(kidx *idx);
 int kidx_start_writer(kidx *idx, unsigned interval_ms);
 /* Applies the pending batch in one transaction. */
 int kidx_flush(kidx *idx);
+/* Zeroes the statistics counters (opens, bytes_read, evicted_files, evicted_bytes, rebuilds) in memory and
+ * in the meta table, at once (kcache zero). Never the totals (used_bytes, files: I3) nor seq, which
+ * eviction reads. Counting goes on from zero. -EIO: SQLite failed, and the counters on disk are as they
+ * were (those in memory are zero, and the next flush writes them). */
+int kidx_zero_counters(kidx *idx);
 
 /* ---- mutators: memory only, applied by the next flush ---- */
 /* A logged access (open, read, write, create): new seq, atime = now_ns. Returns the seq. */

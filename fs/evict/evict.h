@@ -233,3 +233,6 @@ struct kev_counts {
         uint64_t refused_need_bytes; /* the largest limit one of them needed */
 };
 void kev_counts(struct kfs *fs, struct kev_counts *c);
+/* Zeroes those counts (kcache zero): they only count, nothing of eviction reads them. What misses.c
+ * remembers of evicted names stays, so a name evicted before comes back as a refetch still. */
+void kev_zero_counts(struct kfs *fs);

@@ -285,6 +285,7 @@ void kev_miss_evicted(struct kfs *fs, const char *path, uint64_t bytes);
 /* A write was refused with nothing left to evict; it needed a limit of needed bytes. */
 void kev_miss_refused(struct kfs *fs, uint64_t needed);
 void kev_miss_counts(struct kfs *fs, struct kev_counts *c);
+void kev_miss_zero(struct kfs *fs);
 void kev_miss_free(struct kfs *fs);
 
 /* marks.c: the directories kcache env made for a runtime */

@@ -150,6 +150,17 @@ void kev_miss_counts(struct kfs *fs, struct kev_counts *c)
         pthread_mutex_unlock(&m->lock);
 }
 
+/* The counts and the distances of the refetches (and so the limit suggested); the window of evicted names
+ * and evicted_bytes, which the distances are measured with, stay. */
+void kev_miss_zero(struct kfs *fs)
+{
+        struct kev_misses *m = &fs->ev->miss;
+        pthread_mutex_lock(&m->lock);
+        m->refetches = m->refetch_bytes = m->refused = m->refused_need = 0;
+        memset(m->buckets, 0, sizeof(m->buckets));
+        pthread_mutex_unlock(&m->lock);
+}
+
 void kev_miss_free(struct kfs *fs)
 {
         struct kev_misses *m = &fs->ev->miss;

@@ -70,3 +70,11 @@ void kev_counts(struct kfs *fs, struct kev_counts *c)
         c->descents = atomic_load(&fs->ev->descent.runs);
         kev_miss_counts(fs, c);
 }
+
+void kev_zero_counts(struct kfs *fs)
+{
+        atomic_store(&fs->ev->helped_writes, 0);
+        atomic_store(&fs->ev->blocked_writes, 0);
+        atomic_store(&fs->ev->descent.runs, 0);
+        kev_miss_zero(fs);
+}

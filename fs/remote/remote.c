@@ -96,6 +96,17 @@ void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
         c->bytes_out = atomic_load(&r->bytes_out);
 }
 
+void kfs_remote_zero(struct kfs *fs)
+{
+        struct kfs_remote *r = fs->remote;
+        if (!r)
+                return;
+        _Atomic uint64_t *const all[] = { &r->hits, &r->misses, &r->remembered, &r->timeouts, &r->errors, &r->corrupt,
+                                          &r->dirs, &r->publishes, &r->published_before, &r->bytes_in, &r->bytes_out };
+        for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+                atomic_store(all[i], 0);
+}
+
 const char *kfs_remote_where(const struct kfs *fs)
 {
         return fs->remote ? fs->remote->where : NULL;

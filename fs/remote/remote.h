@@ -86,6 +86,8 @@ void kfs_remote_note_fd(struct kfs *fs, int fd);
 void kfs_remote_note_name(struct kfs *fs, int dfd, const char *name);
 
 void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c);
+/* kcache zero: the counters back to 0. */
+void kfs_remote_zero(struct kfs *fs);
 /* "redis://host:port/db" or "unix:/path", as in use; NULL when off. */
 const char *kfs_remote_where(const struct kfs *fs);
 

@@ -117,7 +117,7 @@ def test_clear_errors(kfs, tmp_path):
     p = kcache("frobnicate", check=False)
     assert p.returncode == 2
     p = kcache("evict", m.mnt, "--older-than", "soon", check=False)
-    assert p.returncode == 1 and "invalid duration" in p.stderr
+    assert p.returncode == 2 and "invalid duration" in p.stderr  # bad usage (kcache(1), EXIT STATUS)
 
 
 def test_getfattr_and_setfattr(kfs):

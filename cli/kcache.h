@@ -1,0 +1,30 @@
+/* kcache.h: what kcache.c shares with the verbs kept in files of their own (verify.c). Every function
+ * that says something says it on stderr as "kcache: ...", and returns KC_EXIT_FAILED (args.h) or -errno
+ * as noted; none exits. */
+#pragma once
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "args.h"
+
+#define KC_PREFIX "user.kcachefs."
+
+/* Says "kcache: " and the message on stderr. Returns KC_EXIT_FAILED. */
+int kc_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Reads the attribute user.kcachefs.NAME of path into buf (NUL-terminated). The length or -errno. */
+ssize_t kc_get(const char *path, const char *name, char *buf, size_t size);
+/* Sets user.kcachefs.NAME of path to value. 0 or -errno (the daemon's: EPERM for another user). */
+int kc_set(const char *path, const char *name, const char *value);
+/* Sets attr to value on the mount: one request, which the daemon answers when the work is done. On a
+ * terminal, show is called at the start (tick 0) and every 200 ms meanwhile, and says whether it printed. */
+int kc_set_watched(const char *mount, const char *attr, const char *value,
+                   bool (*show)(const char *mount, void *state, unsigned tick), void *state);
+/* The mount given, or the default ($KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt), once it is checked to
+ * be the root of a kcachefs mount; NULL once the error is said. */
+const char *kc_mount_or_default(const char *given);
+/* The hint an -EPERM or -EACCES of the daemon deserves, else "". */
+const char *kc_perm_hint(int e);
+
+/* verify.c: kcache verify [--repair] [MOUNT]. */
+int kc_cmd_verify(const struct kc_verb *v, int argc, char **argv);

@@ -1,0 +1,218 @@
+"""kcache's command line: every verb parses its options with getopt_long, names what was wrong, exits 2 on
+bad usage and 1 when the operation failed (kcache(1), EXIT STATUS), and never says yes to what it did not
+do: a path outside a kcachefs mount is refused before anything is written on it."""
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from conftest import ROOT
+from test_cli_kcache import fill, kcache, kcache_bin
+
+K = 1024
+
+# (arguments, environment, expected exit status, stream, fragment). {mnt} is a started mount holding the
+# files f0..f3 (8 KiB each); {backing} its backing directory (outside any mount). A row that names
+# neither needs no mount.
+CASES = [
+    # the global options
+    (["-V"], {}, 0, "stdout", "kcache (kcachefs) "),
+    (["--version"], {}, 0, "stdout", "kcache (kcachefs) "),
+    (["--help"], {}, 0, "stdout", "usage: kcache "),
+    (["-h"], {}, 0, "stdout", "usage: kcache "),
+    (["help", "evict"], {}, 0, "stdout", "usage: kcache evict MOUNT --to SIZE"),
+    ([], {}, 2, "stderr", "usage: kcache "),
+    (["--bogus"], {}, 2, "stderr", "kcache: unknown option '--bogus'"),
+    (["-x"], {}, 2, "stderr", "kcache: unknown option '-x'"),
+    (["frobnicate"], {}, 2, "stderr", "kcache: unknown command 'frobnicate'"),
+    # every verb's own --help and -h: its usage on stdout, status 0
+    (["stats", "--help"], {}, 0, "stdout", "usage: kcache stats [MOUNT]"),
+    (["zero", "-h"], {}, 0, "stdout", "usage: kcache zero [MOUNT]"),
+    (["ls", "--help"], {}, 0, "stdout", "usage: kcache ls [MOUNT] [PATH]"),
+    (["evict", "-h"], {}, 0, "stdout", "usage: kcache evict MOUNT --to SIZE"),
+    (["pin", "--help"], {}, 0, "stdout", "usage: kcache pin PATH..."),
+    (["unpin", "--help"], {}, 0, "stdout", "usage: kcache unpin PATH..."),
+    (["verify", "--help"], {}, 0, "stdout", "usage: kcache verify [--repair] [MOUNT]"),
+    (["env", "--help"], {}, 0, "stdout", "usage: kcache env [MOUNT] [RUNTIME...]"),
+    (["show", "--help"], {}, 0, "stdout", "usage: kcache show FILE..."),
+    # unknown options and missing values are named
+    (["stats", "--bogus", "{mnt}"], {}, 2, "stderr", "kcache: stats: unknown option '--bogus'"),
+    (["stats", "-q", "{mnt}"], {}, 2, "stderr", "kcache: stats: unknown option '-q'"),
+    (["stats", "--json=yes", "{mnt}"], {}, 2, "stderr", "kcache: stats: option '--json' takes no value"),
+    (["stats", "--json", "--prometheus", "{mnt}"], {}, 2, "stderr", "--json or --prometheus, not both"),
+    (["stats", "{mnt}", "{mnt}"], {}, 2, "stderr", "kcache: stats: unexpected argument"),
+    (["ls", "{mnt}", "-n"], {}, 2, "stderr", "kcache: ls: option '-n' needs a value"),
+    (["ls", "-n", "abc", "{mnt}"], {}, 2, "stderr", "kcache: ls: invalid count 'abc' for -n"),
+    (["ls", "-n", "-3", "{mnt}"], {}, 2, "stderr", "invalid count '-3'"),
+    (["ls", "-n", "0", "{mnt}"], {}, 2, "stderr", "invalid count '0'"),
+    (["ls", "-n", "99999999999999999999", "{mnt}"], {}, 2, "stderr", "invalid count"),
+    (["ls", "{mnt}", "-n", "2"], {}, 0, "stdout", "PATH (next to be evicted first)"),
+    (["evict", "{mnt}", "--to"], {}, 2, "stderr", "kcache: evict: option '--to' needs a value"),
+    (["evict", "{mnt}", "--older-than"], {}, 2, "stderr", "kcache: evict: option '--older-than' needs a value"),
+    (["evict", "{mnt}", "--older-than", "nan"], {}, 2, "stderr", "invalid duration 'nan' for --older-than"),
+    (["evict", "{mnt}", "--older-than", "-5"], {}, 2, "stderr", "invalid duration '-5'"),
+    (["evict", "{mnt}", "--older-than", "inf"], {}, 2, "stderr", "invalid duration 'inf'"),
+    (["evict", "{mnt}", "--older-than", "soon"], {}, 2, "stderr", "invalid duration 'soon'"),
+    (["evict", "{mnt}", "--to", "lots"], {}, 2, "stderr", "kcache: evict: invalid size 'lots' for --to"),
+    (["evict", "{mnt}", "--to", "-1"], {}, 2, "stderr", "invalid size '-1'"),
+    (["evict", "{mnt}", "--to", "1G", "--older-than", "1d"], {}, 2, "stderr", "--to or --older-than, not both"),
+    (["evict", "--to", "1G"], {}, 2, "stderr", "kcache: evict: --to needs the MOUNT"),
+    (["evict", "{mnt}", "{mnt}/f0", "--to", "1G"], {}, 2, "stderr", "--to needs the MOUNT"),
+    (["evict"], {}, 2, "stderr", "kcache: evict: no PATH"),
+    (["evict", "{mnt}", "--to", "1.5G"], {}, 0, "stdout", "evicted 0 files"),
+    (["evict", "{mnt}", "--to", "0"], {}, 0, "stdout", "evicted 4 files"),
+    (["evict", "{mnt}", "--older-than", "30d"], {}, 0, "stdout", "evicted 0 files"),
+    (["pin"], {}, 2, "stderr", "kcache: pin: no PATH"),
+    (["unpin", "--bogus", "{mnt}/f0"], {}, 2, "stderr", "kcache: unpin: unknown option '--bogus'"),
+    (["verify", "--bogus", "{mnt}"], {}, 2, "stderr", "kcache: verify: unknown option '--bogus'"),
+    (["show"], {}, 2, "stderr", "kcache: show: no FILE"),
+    (["show", "--bogus", "x"], {}, 2, "stderr", "kcache: show: unknown option '--bogus'"),
+    (["zero", "{mnt}", "{mnt}"], {}, 2, "stderr", "kcache: zero: unexpected argument"),
+    # env: MOUNT defaults to $KCACHEFS_MOUNT, as for every verb (kcache(1))
+    (["env"], {"KCACHEFS_MOUNT": "{mnt}"}, 0, "stdout", "export KCACHE_DIR='{mnt}/kcache'"),
+    (["env", "kcache"], {"KCACHEFS_MOUNT": "{mnt}"}, 0, "stdout", "export KCACHE_DIR='{mnt}/kcache'"),
+    (["env", "{mnt}", "kcache"], {"KCACHEFS_MOUNT": "/nonexistent"}, 0, "stdout", "export KCACHE_DIR='{mnt}/kcache'"),
+    (["env", "--bogus"], {"KCACHEFS_MOUNT": "{mnt}"}, 2, "stderr", "kcache: env: unknown option '--bogus'"),
+    (["stats"], {"KCACHEFS_MOUNT": "{mnt}"}, 0, "stdout", "files       4"),
+    # a path outside every kcachefs mount: refused, status 1 (the next test shows nothing was written)
+    (["pin", "{backing}/f0"], {}, 1, "stderr", "is not in a kcachefs mount"),
+    (["unpin", "{backing}/f0"], {}, 1, "stderr", "is not in a kcachefs mount"),
+    (["evict", "{backing}/f0"], {}, 1, "stderr", "is not in a kcachefs mount"),
+    (["pin", "{mnt}"], {}, 1, "stderr", "not a regular file"),
+]
+
+
+def _id(case):
+    args, env, rc, _, _ = case
+    return " ".join(args + [f"{k}={v}" for k, v in env.items()]) or "(none)"
+
+
+def run(args, env_add):
+    env = dict(os.environ)
+    env.pop("KCACHEFS_MOUNT", None)
+    env.update(env_add)
+    return subprocess.run([kcache_bin(), *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+@pytest.mark.parametrize("args,env,rc,stream,fragment", CASES, ids=[_id(c) for c in CASES])
+def test_invocation(kfs, args, env, rc, stream, fragment):
+    subst = {}
+    if any("{" in a for a in args + list(env.values())):
+        m = kfs({"max_size": "4M"})
+        fill(m, [f"f{i}" for i in range(4)])
+        subst = {"mnt": m.mnt, "backing": m.backing}
+    args = [a.format(**subst) for a in args]
+    env = {k: v.format(**subst) for k, v in env.items()}
+    p = run(args, env)
+    out = p.stdout if stream == "stdout" else p.stderr
+    assert p.returncode == rc and fragment.format(**subst) in out, (p.returncode, p.stdout, p.stderr)
+    if rc == 2 and args and args[0] in ("stats", "ls", "evict", "pin", "unpin", "verify", "env", "show", "zero"):
+        assert p.stdout == ""  # bad usage does nothing
+
+
+@pytest.mark.parametrize("verb", ["pin", "unpin", "evict"])
+def test_a_path_outside_a_mount_is_refused_and_nothing_is_written(kfs, verb):
+    """The backing directory's files are no mount's: kcache once set user.kcachefs.pinned (or .evict) on them
+    directly and said nothing (a pin written there is even taken for the daemon's at a rebuild), and
+    unpin removed the daemon's own record of a pin (fs/control.c, PINS) behind its back."""
+    m = kfs()
+    fill(m, ["x"])
+    victim = os.path.join(m.backing, "x")
+    if verb == "unpin":
+        kcache("pin", m.path("x"))  # the daemon keeps the pin on the backing file too
+    ours = {n: os.getxattr(victim, n) for n in os.listxattr(victim) if n.startswith("user.kcachefs")}
+    assert ours == ({"user.kcachefs.pinned": b"1"} if verb == "unpin" else {})
+    p = run([verb, victim], {})
+    assert p.returncode == 1 and f"{victim} is not in a kcachefs mount" in p.stderr, p
+    assert {n: os.getxattr(victim, n) for n in os.listxattr(victim) if n.startswith("user.kcachefs")} == ours
+    if verb != "unpin":
+        for name in ("user.kcachefs.pinned", "user.kcachefs.evict"):
+            with pytest.raises(OSError):
+                os.getxattr(victim, name)
+    assert os.path.exists(m.path("x"))  # and the file in the mount was left alone
+    assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == (b"1" if verb == "unpin" else b"0")
+
+
+def test_a_path_through_a_symlink_into_the_mount_is_acted_on(kfs, tmp_path):
+    m = kfs()
+    fill(m, ["x"])
+    link = tmp_path / "link"
+    link.symlink_to(m.path("x"))
+    kcache("pin", str(link))
+    assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == b"1"
+    kcache("unpin", str(link))
+    assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == b"0"
+
+
+@pytest.mark.parametrize("how", [["zero"], ["stats", "-z"], ["stats", "--zero", "--json"]])
+def test_zero_resets_the_statistics_and_nothing_else(kfs, how):
+    m = kfs({"max_size": "4M"})
+    fill(m, [f"f{i}" for i in range(6)])
+    for i in range(6):
+        open(m.path(f"f{i}"), "rb").read()
+    kcache("evict", m.path("f5"))
+    before = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    assert before["opens"] > 0 and before["evicted_files"] == 1  # bytes_read: 0 under kernel passthrough
+    p = kcache(*how, m.mnt)
+    if how == ["zero"]:
+        assert p.stdout == f"{m.mnt}: statistics zeroed\n"
+    else:  # stats -z: the statistics as they are once zeroed
+        assert "hits        0 opens" in p.stdout if "--json" not in how else json.loads(p.stdout)["opens"] == 0
+    s = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    for key in ("opens", "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "blocked_writes",
+                "helped_writes", "background_evictions", "refetches", "refetch_bytes", "suggested_max_bytes",
+                "refused_writes", "refused_need_bytes", "passthrough_opens", "fd_reopens", "pruned_names"):
+        assert s[key] == 0, (key, s)
+    assert s["ring_requests"] < before["ring_requests"] or before["ring_requests"] == 0  # it counts these reads
+    # What eviction depends on, the limit and the use, is the daemon's and stays.
+    for key in ("max_bytes", "used_bytes", "files", "free_bytes"):
+        assert s[key] == before[key], (key, s, before)
+    assert "hits        0 opens" in kcache("stats", m.mnt).stdout
+    # Counting starts again from zero, and the zeroes outlive a remount (they are the index's).
+    open(m.path("f0"), "rb").read()
+    m.stop()
+    m.start()
+    s = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    assert s["opens"] == 1 and s["evicted_files"] == 0, s
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_only_the_owner_or_root_may_zero(kfs):
+    from conftest import ensure_user
+    m = kfs({"allow_other": True, "default_permissions": True})
+    ensure_user("kcfs-user2")
+    fill(m, ["x"])
+    open(m.path("x"), "rb").read()
+    p = kcache("zero", m.mnt, check=False, user="kcfs-user2")
+    assert p.returncode == 1 and "owner" in p.stderr, p
+    assert json.loads(kcache("stats", "--json", m.mnt).stdout)["opens"] > 0
+
+
+VERBS = ["stats", "zero", "ls", "evict", "pin", "unpin", "verify", "env", "show"]
+
+
+def test_the_man_page_matches_every_verbs_help():
+    """kcache(1) shows each verb's synopsis as kcache VERB --help does, and documents each of its options."""
+    page = open(os.path.join(ROOT, "man", "kcache.1")).read()
+    synopsis = page.split(".SH SYNOPSIS")[1].split(".SH ")[0]
+    forms = set()
+    for form in re.split(r"^\.br$", synopsis, flags=re.M):  # one form a line, as roff sets it
+        form = re.sub(r"^\.(?:B|BR|I|BI|IR)\b ?", "", form, flags=re.M)
+        form = re.sub(r"\\f[BIR]", "", form).replace("\\-", "-").replace('"', "")
+        forms.add(" ".join(form.split()).lower())
+    documented = re.sub(r"\\f[BIR]|\\", "", page)
+    for verb in VERBS:
+        h = subprocess.run([kcache_bin(), verb, "--help"], capture_output=True, text=True, check=True).stdout
+        for line in h.split("\n\n")[0].splitlines():  # the usage lines: "usage: kcache VERB ..." then "       kcache VERB ..."
+            form = " ".join(line.replace("usage:", "").split())
+            assert form.lower() in forms, (form, forms)
+        for opt in set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", h)) - {"-h", "--help"}:
+            assert opt in documented, (verb, opt)
+    top = subprocess.run([kcache_bin(), "--help"], capture_output=True, text=True, check=True).stdout
+    assert " ".join(top.splitlines()[0].replace("usage:", "").split()).lower() in forms
+    assert "-V, --version" in top and "-V" in documented and "--version" in documented
+    assert "0 ok, 1 the operation failed, 2 bad usage" in top
+    status = page.split(".SH EXIT STATUS")[1].split(".SH ")[0]
+    assert re.findall(r"^\.B (\d)$", status, re.M) == ["0", "1", "2"] and "Bad usage" in status
