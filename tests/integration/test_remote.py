@@ -2,6 +2,7 @@
 its own backing directory and index, sharing one real redis-server (Debian's), started here on a unix
 socket in a private directory. What one node compiled, another serves without compiling; anything wrong
 with the server is a counted miss, never an application error."""
+import errno
 import hashlib
 import os
 import shutil
@@ -211,3 +212,80 @@ def test_real_pocl_compiles_on_one_node_and_not_on_the_other(kfs, redis):
     assert trace.count("Using a cached WG function") >= 4
     assert num(b, "remote_hits") == 4
     assert "matches" in kcache("verify", b.mnt).stdout
+
+
+# ---------------------------------------------------------------- trust: two users, two nodes
+def shared_node(kfs, redis):
+    m = kfs({"allow_other": True, "default_permissions": True, "max_size": "64M", "remote": redis.url})
+    os.chmod(m.mnt, 0o1777)
+    return m
+
+
+STORE = """
+home = os.path.join(sys.argv[1], os.getxattr(sys.argv[1], 'user.kcachefs.home').decode())
+d = os.path.join(home, 'pocl', 'ab', 'cdefghijklmnopqrstuvwxyzabcdefghijklm')
+os.makedirs(os.path.join(d, 'k', '1-1-1'))
+for rel, data in (('k/1-1-1/k.so', b'ELF' * 1000), ('last_accessed', b'1'), ('program.bc', sys.argv[2].encode() * 500)):
+    with open(os.path.join(d, rel), 'wb') as f:
+        f.write(data)
+"""
+
+LOAD = """
+home = os.path.join(sys.argv[1], os.getxattr(sys.argv[1], 'user.kcachefs.home').decode())
+with open(os.path.join(home, 'pocl', 'ab', 'cdefghijklmnopqrstuvwxyzabcdefghijklm', 'program.bc'), 'rb') as f:
+    assert f.read() == sys.argv[2].encode() * 500
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_what_one_user_stores_only_that_user_loads(kfs, redis):
+    from conftest import ensure_user
+    from test_security_multiuser import as_user
+    alice, bob = ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
+    a, b = shared_node(kfs, redis), shared_node(kfs, redis)
+    assert as_user(alice, STORE, a.mnt, "alice's kernel") == 0
+    wait_for(lambda: num(a, "remote_publishes") >= 1, timeout=20, what="alice's unit published")
+    keys = redis.cli("KEYS", "*").split()
+    assert keys and all(k.startswith(f"kcfs:1:u{alice.pw_uid}:users") for k in keys), keys
+    # Bob, on B, at the same place in his own directory: nothing of alice's comes (another namespace)
+    assert as_user(bob, LOAD, b.mnt, "alice's kernel") == errno.ENOENT
+    # nor through her path: users/<alice> is not his to make, and nothing is fetched into it for him
+    assert as_user(bob, "os.stat(os.path.join(sys.argv[1], 'users', sys.argv[2], 'pocl'))", b.mnt,
+                   str(alice.pw_uid)) == errno.ENOENT
+    assert num(b, "remote_hits") == 0
+    # Alice, on B, gets her unit, as files of hers
+    assert as_user(alice, LOAD, b.mnt, "alice's kernel") == 0
+    assert num(b, "remote_hits") == 1
+    d = b.path("users", str(alice.pw_uid), "pocl", "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklm")
+    for rel in ("program.bc", "last_accessed", "k/1-1-1/k.so", "k/1-1-1", "k"):
+        assert os.lstat(os.path.join(d, rel)).st_uid == alice.pw_uid, rel
+    # Bob stores the same compile in his own directory on A: it goes into his namespace, never hers
+    assert as_user(bob, STORE, a.mnt, "bob's kernel") == 0
+    wait_for(lambda: num(a, "remote_publishes") >= 2, timeout=20, what="bob's unit published")
+    key = f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc"
+    assert b"alice's kernel" in redis.cli("GET", key, raw=True)
+    mine = [k for k in redis.cli("KEYS", "*").split() if not k.startswith(f"kcfs:1:u{alice.pw_uid}:")]
+    assert mine and all(k.startswith(f"kcfs:1:u{bob.pw_uid}:users") for k in mine), mine
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_a_unit_that_names_another_owner_is_refused(kfs, redis):
+    """A value stored in alice's namespace that says it is bob's (a server without ACLs lets anyone write
+    anywhere: docs/remote.md says how to close it) is refused and deleted, not loaded by alice."""
+    from conftest import ensure_user
+    from test_security_multiuser import as_user
+    alice, bob = ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
+    a, b = shared_node(kfs, redis), shared_node(kfs, redis)
+    assert as_user(bob, STORE, a.mnt, "bob's kernel") == 0
+    wait_for(lambda: num(a, "remote_publishes") >= 1, timeout=20, what="bob's unit published")
+    rel = "pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc"
+    value = redis.cli("GET", f"kcfs:1:u{bob.pw_uid}:users/{bob.pw_uid}/{rel}", raw=True)[:-1]
+    # copied into alice's namespace, paths and all rewritten to hers: only the owner inside still says bob
+    forged = value.replace(f"users/{bob.pw_uid}/".encode(), f"users/{alice.pw_uid}/".encode())
+    assert len(f"users/{bob.pw_uid}/") == len(f"users/{alice.pw_uid}/")
+    key = f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/{rel}"
+    redis.cli("SET", key, stdin=forged)
+    for k in ("pocl", "pocl/ab", "pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm"):
+        redis.cli("SET", f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/{k}", "D")
+    assert as_user(alice, LOAD, b.mnt, "bob's kernel") == errno.ENOENT
+    assert num(b, "remote_hits") == 0 and num(b, "remote_corrupt") == 1
