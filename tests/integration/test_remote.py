@@ -60,6 +60,48 @@ def redis(workdir):
     r.stop()
 
 
+def xxh64(data, seed=0):
+    """XXH64, as value.c checks values with it (libxxhash's, written out: Debian's python3 has no module)."""
+    P1, P2, P3, P4, P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161, 9650029242287828579,
+                          2870177450012600261)
+    M = (1 << 64) - 1
+    rotl = lambda x, r: ((x << r) | (x >> (64 - r))) & M
+
+    def rnd(acc, lane):
+        return (rotl((acc + lane * P2) & M, 31) * P1) & M
+
+    def merge(acc, v):
+        return ((acc ^ rnd(0, v)) * P1 + P4) & M
+
+    n, i = len(data), 0
+    if n >= 32:
+        v = [(seed + P1 + P2) & M, (seed + P2) & M, seed, (seed - P1) & M]
+        while i + 32 <= n:
+            for k in range(4):
+                v[k] = rnd(v[k], int.from_bytes(data[i + 8 * k:i + 8 * k + 8], "little"))
+            i += 32
+        h = (rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18)) & M
+        for k in range(4):
+            h = merge(h, v[k])
+    else:
+        h = (seed + P5) & M
+    h = (h + n) & M
+    while i + 8 <= n:
+        h = (rotl(h ^ rnd(0, int.from_bytes(data[i:i + 8], "little")), 27) * P1 + P4) & M
+        i += 8
+    if i + 4 <= n:
+        h = (rotl(h ^ (int.from_bytes(data[i:i + 4], "little") * P1 & M), 23) * P2 + P3) & M
+        i += 4
+    while i < n:
+        h = (rotl(h ^ (data[i] * P5 & M), 11) * P1) & M
+        i += 1
+    h ^= h >> 33
+    h = h * P2 & M
+    h ^= h >> 29
+    h = h * P3 & M
+    return h ^ (h >> 32)
+
+
 def num(m, name):
     return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
 
@@ -281,8 +323,11 @@ def test_a_unit_that_names_another_owner_is_refused(kfs, redis):
     rel = "pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc"
     value = redis.cli("GET", f"kcfs:1:u{bob.pw_uid}:users/{bob.pw_uid}/{rel}", raw=True)[:-1]
     # copied into alice's namespace, paths and all rewritten to hers: only the owner inside still says bob
-    forged = value.replace(f"users/{bob.pw_uid}/".encode(), f"users/{alice.pw_uid}/".encode())
+    body = value[:-8]
+    assert xxh64(body).to_bytes(8, "little") == value[-8:]  # the test's XXH64 is value.c's
+    body = body.replace(f"users/{bob.pw_uid}/".encode(), f"users/{alice.pw_uid}/".encode())
     assert len(f"users/{bob.pw_uid}/") == len(f"users/{alice.pw_uid}/")
+    forged = body + xxh64(body).to_bytes(8, "little")  # checks whole: only the owner inside is wrong
     key = f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/{rel}"
     redis.cli("SET", key, stdin=forged)
     for k in ("pocl", "pocl/ab", "pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm"):
