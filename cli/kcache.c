@@ -224,6 +224,7 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                         { "remote_remembered", "counter" }, { "remote_timeouts", "counter" },
                         { "remote_errors", "counter" }, { "remote_corrupt", "counter" }, { "remote_dirs", "counter" },
                         { "remote_publishes", "counter" }, { "remote_published_before", "counter" },
+                        { "remote_touches", "counter" },
                         { "remote_bytes_in", "counter" }, { "remote_bytes_out", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
@@ -277,11 +278,13 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                         kc_human(kc_num(mount, "remote_bytes_out"), b, sizeof(b));
                         printf("remote      %s: %" PRIu64 " units fetched (%s), %" PRIu64 " misses (%" PRIu64
                                " more remembered), %" PRIu64 " timeouts, %" PRIu64 " errors, %" PRIu64
-                               " bad values; %" PRIu64 " published (%s), %" PRIu64 " already there\n",
+                               " bad values; %" PRIu64 " published (%s), %" PRIu64 " already there; %" PRIu64
+                               " told in use\n",
                                pt, kc_num(mount, "remote_hits"), a, kc_num(mount, "remote_misses"),
                                kc_num(mount, "remote_remembered"), kc_num(mount, "remote_timeouts"),
                                kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"),
-                               kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"));
+                               kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"),
+                               kc_num(mount, "remote_touches"));
                 }
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
                 if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */

@@ -118,6 +118,7 @@ struct kfs_opts {
         char *remote_auth;        /* -o remote_auth=FILE: its password, or user and password */
         unsigned remote_timeout_ms; /* a lookup's deadline for the server */
         double remote_negative_s; /* a miss of the server remembered this long */
+        double remote_touch_s;    /* units in use told to the server this often */
         int show_help, show_version;
 };
 

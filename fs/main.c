@@ -181,6 +181,8 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("invalid remote_timeout_ms %u: expected 1 to 60000", o->remote_timeout_ms);
         if (!(o->remote_negative_s >= 0 && o->remote_negative_s <= 86400))
                 return fail("invalid remote_negative_s: expected 0 to 86400 seconds");
+        if (!(o->remote_touch_s >= 0.1 && o->remote_touch_s <= 86400))
+                return fail("invalid remote_touch_s: expected 0.1 to 86400 seconds");
         if (o->remote_auth && !o->remote_url)
                 return fail("remote_auth= needs remote=");
         if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0) {
@@ -683,6 +685,7 @@ int main(int argc, char *argv[])
         fs.o.flush_ms = 1000;
         fs.o.remote_timeout_ms = DEFAULT_REMOTE_TIMEOUT_MS;
         fs.o.remote_negative_s = DEFAULT_REMOTE_NEGATIVE_S;
+        fs.o.remote_touch_s = 60;
         fs.o.low_watermark = DEFAULT_LOW_WATERMARK;
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");

@@ -87,6 +87,7 @@ static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_
         int64_t now = kfs_now_ns();
         kidx_touch(fs->idx, in->bino, now, 1, 0);
         atomic_store(&in->atime_ns, now);
+        kfs_remote_touch(fs, in->bino); /* the shared tier hears of it too (remote/touch.c) */
         (void)req;
         /* Attributes only (offset -1): takes no inode lock in the kernel, so it is safe from this handler.
          * Skipped when the kernel holds no attributes of ours since the last invalidation: it will ask. */

@@ -3,6 +3,7 @@
  *   value.c    a unit as stored (value.h)
  *   fetch.c    read-through on a lookup that found nothing
  *   publish.c  the publisher thread
+ *   touch.c    the units in use here, told to the server (TOUCHES)
  *   remote.c   made, started, stopped, freed; counters */
 #ifndef KCACHEFS_REMOTE_INTERNAL_H
 #define KCACHEFS_REMOTE_INTERNAL_H
@@ -48,11 +49,15 @@ struct kfs_remote {
                 bool started, stop;
                 pthread_t thread;
         } pub;
+        pthread_mutex_t touch_lock; /* a leaf */
+        kmap touched;             /* backing inode numbers opened since the last touches; touch_lock */
+        double touch_s;           /* how often */
+        int64_t touched_ns;       /* when the last touches went (the publisher thread's own) */
         pthread_mutex_t memo_lock; /* a leaf */
         kmap memo;                /* hash of a published unit's key -> its files' newest mtime; memo_lock */
 
         _Atomic uint64_t hits, misses, remembered, timeouts, errors, corrupt, dirs, publishes, published_before,
-                bytes_in, bytes_out;
+                touches, bytes_in, bytes_out;
 };
 
 /* conn.c */
@@ -77,5 +82,8 @@ bool kfs_remote_shareable(int rt);
 /* publish.c */
 void kfs_remote_pub_start(struct kfs *fs);
 void kfs_remote_pub_stop(struct kfs *fs);
+
+/* touch.c: on the publisher thread; the next deadline (monotonic ns) it must wake for */
+int64_t kfs_remote_touch_due(struct kfs *fs, int64_t now);
 
 #endif

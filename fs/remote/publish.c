@@ -359,6 +359,13 @@ static void *publisher_main(void *arg)
                                 next = it->due_ns;
                 }
                 if (!ready) {
+                        pthread_mutex_unlock(&r->pub.lock);
+                        int64_t due = kfs_remote_touch_due(fs, now); /* (touch.c) */
+                        pthread_mutex_lock(&r->pub.lock);
+                        if (due < next)
+                                next = due;
+                        if (r->pub.stop)
+                                break;
                         struct timespec ts;
                         clock_gettime(CLOCK_MONOTONIC, &ts);
                         int64_t wait = next - now;

@@ -30,6 +30,9 @@ int kfs_remote_init(struct kfs *fs)
         }
         pthread_mutex_init(&r->neg_lock, NULL);
         pthread_mutex_init(&r->memo_lock, NULL);
+        pthread_mutex_init(&r->touch_lock, NULL);
+        kmap_init(&r->touched);
+        r->touch_s = fs->o.remote_touch_s;
         pthread_mutex_init(&r->pub.lock, NULL);
         pthread_cond_init(&r->pub.cond, NULL);
         kmap_init(&r->neg);
@@ -61,6 +64,8 @@ void kfs_remote_free(struct kfs *fs)
                 kfs_remote_conn_free(r);
                 kmap_free(&r->neg);
                 kmap_free(&r->memo);
+                kmap_free(&r->touched);
+                pthread_mutex_destroy(&r->touch_lock);
                 pthread_mutex_destroy(&r->neg_lock);
                 pthread_mutex_destroy(&r->memo_lock);
                 pthread_mutex_destroy(&r->pub.lock);
@@ -92,6 +97,7 @@ void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
         c->dirs = atomic_load(&r->dirs);
         c->publishes = atomic_load(&r->publishes);
         c->published_before = atomic_load(&r->published_before);
+        c->touches = atomic_load(&r->touches);
         c->bytes_in = atomic_load(&r->bytes_in);
         c->bytes_out = atomic_load(&r->bytes_out);
 }
@@ -102,7 +108,8 @@ void kfs_remote_zero(struct kfs *fs)
         if (!r)
                 return;
         _Atomic uint64_t *const all[] = { &r->hits, &r->misses, &r->remembered, &r->timeouts, &r->errors, &r->corrupt,
-                                          &r->dirs, &r->publishes, &r->published_before, &r->bytes_in, &r->bytes_out };
+                                          &r->dirs, &r->publishes, &r->published_before, &r->touches, &r->bytes_in,
+                                          &r->bytes_out };
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                 atomic_store(all[i], 0);
 }

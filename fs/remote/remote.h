@@ -39,6 +39,11 @@
  * namespace, as files that uid owns: what one user stores is only ever loaded by that user. Wider
  * sharing (a trusted publisher's namespace) is the server's ACLs' to enforce (docs/remote.md).
  *
+ * TOUCHES (touch.c). The local tier absorbs a node's repeated hits, so the server would see a kernel that
+ * every node uses as cold and evict it first. Each open of a file through the mount notes its inode; every
+ * remote_touch_s the publisher thread sends TOUCH for the units those files belong to, each unit once
+ * per interval, batched, off the open path (the open only adds a number to a set).
+ *
  * THE SERVER DOWN. One connection per thread that asks (hiredis contexts are not thread-safe), made on
  * first use; after a failure none is tried again for REMOTE_BACKOFF_MS, so a dead server costs one
  * timeout, not one per lookup. With no remote= nothing here runs.
@@ -65,6 +70,7 @@ struct kfs_remote_counts {
         uint64_t dirs;          /* directories made on the way to a unit */
         uint64_t publishes;     /* units stored */
         uint64_t published_before; /* units another node (or this one) had stored first */
+        uint64_t touches;       /* units the server was told are in use here */
         uint64_t bytes_in, bytes_out;
 };
 
@@ -84,6 +90,8 @@ double kfs_remote_negative_timeout(const struct kfs *fs, double timeout);
 /* A file was written (fd, closed next) or renamed into place (name in dfd): its unit may be complete. */
 void kfs_remote_note_fd(struct kfs *fs, int fd);
 void kfs_remote_note_name(struct kfs *fs, int dfd, const char *name);
+/* A file was opened: its unit is in use here (TOUCHES). */
+void kfs_remote_touch(struct kfs *fs, uint64_t bino);
 
 void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c);
 /* kcache zero: the counters back to 0. */

@@ -60,6 +60,15 @@ def redis(workdir):
     r.stop()
 
 
+@pytest.fixture
+def small_redis(workdir):
+    """A server bounded to 4 MiB that evicts by its sampled LRU, as docs/remote.md configures one."""
+    d, _ = workdir
+    r = Redis(private_dir(d), extra=["--maxmemory", "4mb", "--maxmemory-samples", "10"]).start()
+    yield r
+    r.stop()
+
+
 def xxh64(data, seed=0):
     """XXH64, as value.c checks values with it (libxxhash's, written out: Debian's python3 has no module)."""
     P1, P2, P3, P4, P5 = (11400714785074694791, 14029467366897019727, 1609587929392839161, 9650029242287828579,
@@ -334,3 +343,73 @@ def test_a_unit_that_names_another_owner_is_refused(kfs, redis):
         redis.cli("SET", f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/{k}", "D")
     assert as_user(alice, LOAD, b.mnt, "bob's kernel") == errno.ENOENT
     assert num(b, "remote_hits") == 0 and num(b, "remote_corrupt") == 1
+
+
+# ---------------------------------------------------------------- the server's own bound
+def test_a_unit_hot_on_one_node_survives_anothers_churn(kfs, small_redis):
+    """The server evicts by access, and A's local tier absorbs A's hits: only A's touches tell the server
+    that A's unit is in use. B stores ten times the server's memory meanwhile."""
+    redis = small_redis
+    a, b = node(kfs, redis, remote_touch_s="0.3"), node(kfs, redis)
+    hot = pocl_program(a.path("pocl"), "hot", kernels=("h",))
+    cold = pocl_program(a.path("pocl"), "cold", kernels=("c",))
+    published(a, 2)
+    key = lambda files: f"kcfs:1:u{os.getuid()}:pocl/" + next(p for p in files if p.endswith("program.bc"))
+    marker = next(p for p in hot if p.endswith("program.bc"))
+    for i in range(150):  # B churns: 150 programs of ~300 KiB
+        pocl_program(b.path("pocl"), f"churn{i}", kernels=("x", "y"))
+        with open(os.path.join(a.path("pocl"), marker), "rb") as f:  # A uses its hot unit all along
+            f.read()
+        if i % 10 == 0:
+            time.sleep(0.35)  # a touch interval
+    wait_for(lambda: num(b, "remote_publishes") >= 100, timeout=60, what="B's churn published")
+    assert int(redis.cli("INFO", "stats").split("evicted_keys:")[1].split()[0]) > 0  # the server evicted
+    assert redis.cli("EXISTS", key(hot)).strip() == "1", "the unit A uses was evicted"
+    assert redis.cli("EXISTS", key(cold)).strip() == "0", "the unit nobody used outlived the churn"
+    assert num(a, "remote_touches") > 0
+    for m in (a, b):  # both mounts kept working through it
+        assert "matches" in kcache("verify", m.mnt).stdout
+
+
+# ---------------------------------------------------------------- more faults
+def test_a_server_restarted_empty_is_a_miss_and_is_filled_again(kfs, redis):
+    a, b = node(kfs, redis, remote_timeout_ms="100"), node(kfs, redis, remote_timeout_ms="100")
+    files = pocl_program(a.path("pocl"), "before")
+    published(a)
+    redis.stop()
+    redis.start()  # empty: --save ''
+    marker = next(p for p in files if p.endswith("program.bc"))
+    wait_for(lambda: not os.path.exists(os.path.join(b.path("pocl"), marker)), timeout=30,
+             what="B's back-off over")  # a miss: compiled on B, as without a remote
+    files2 = pocl_program(a.path("pocl"), "after")  # A publishes again to the new server
+    published(a, 2)
+    marker2 = next(p for p in files2 if p.endswith("program.bc"))
+    with open(os.path.join(b.path("pocl"), marker2), "rb") as f:
+        assert f.read() == files2[marker2]
+    assert num(b, "remote_hits") == 1
+
+
+def test_the_server_killed_while_nodes_store_and_load(kfs, redis):
+    """A crash storm on the server: it is killed and restarted while both nodes store and load; no
+    application error, every file read back whole, both indexes match their trees."""
+    a, b = node(kfs, redis, remote_timeout_ms="20"), node(kfs, redis, remote_timeout_ms="20")
+    done = []
+    for i in range(30):
+        if i % 5 == 2:
+            redis.stop()
+        if i % 5 == 4:
+            redis.start()
+        files = pocl_program(a.path("pocl"), f"storm{i}", kernels=("k",))
+        done.append(files)
+        for rel, data in files.items():  # B loads A's, from the server or not at all
+            p = os.path.join(b.path("pocl"), rel)
+            if os.path.exists(p):
+                with open(p, "rb") as f:
+                    assert f.read() == data
+    for files in done:  # A's own, all there and whole
+        for rel, data in files.items():
+            with open(os.path.join(a.path("pocl"), rel), "rb") as f:
+                assert f.read() == data
+    assert num(a, "remote_errors") + num(b, "remote_errors") > 0
+    for m in (a, b):
+        assert "matches" in kcache("verify", m.mnt).stdout

@@ -1,0 +1,136 @@
+/* touch.c: the units in use on this node, told to the server (remote.h, TOUCHES), so that its LRU sees
+ * what every node's local tier hides. The open path only adds an inode number to a set; the publisher
+ * thread, every remote_touch_s, turns the numbers into their units' keys (through the index's names, as
+ * the tree has them now) and sends one TOUCH per batch. A unit the server does not have is not sent: TOUCH
+ * of a missing key does nothing. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "../evict/evict.h"
+#include "internal.h"
+
+#define TOUCH_BATCH 128
+
+void kfs_remote_touch(struct kfs *fs, uint64_t bino)
+{
+        struct kfs_remote *r = fs->remote;
+        if (!r)
+                return;
+        pthread_mutex_lock(&r->touch_lock);
+        if (r->touched.count < 1000000)
+                (void)kmap_put(&r->touched, bino, (void *)1);
+        pthread_mutex_unlock(&r->touch_lock);
+}
+
+struct first_name {
+        uint64_t dir;
+        char *name;
+};
+
+static void take_first(void *ud, uint64_t dir, const char *name)
+{
+        struct first_name *f = ud;
+        if (!f->name) {
+                f->dir = dir;
+                f->name = strdup(name);
+        }
+}
+
+/* The key of the unit that the file bino belongs to, or NULL. */
+static char *unit_key_of(struct kfs *fs, uint64_t bino)
+{
+        struct first_name f = { 0, NULL };
+        if (kidx_names(fs->idx, bino, take_first, &f) <= 0 || !f.name)
+                return free(f.name), NULL;
+        char dir[PATH_MAX], *path = NULL, *key = NULL;
+        if (kidx_dir_path(fs->idx, f.dir, dir, sizeof(dir)) == 0 &&
+            asprintf(&path, "%s%s%s", dir, *dir ? "/" : "", f.name) < 0)
+                path = NULL;
+        free(f.name);
+        struct kev_unit u;
+        if (path && kev_unit_resolve(fs, path, &u) == 0) {
+                int rt = u.rt != KRT_FILE ? (int)u.rt : (int)u.forced;
+                struct stat st;
+                if (kfs_remote_shareable(rt) && u.n && ktree_stat(&fs->tree, KTREE_ROOT, u.members[0], &st) == 0)
+                        key = kfs_remote_key(st.st_uid, u.members[0]);
+                kev_unit_free(&u);
+        }
+        free(path);
+        return key;
+}
+
+static void send_batch(struct kfs_remote *r, char **keys, size_t n)
+{
+        if (!n)
+                return;
+        redisContext *c = kfs_remote_conn(r, r->timeout_ms * 10);
+        if (!c)
+                return;
+        const char **argv = malloc((n + 1) * sizeof(*argv));
+        size_t *lens = malloc((n + 1) * sizeof(*lens));
+        if (argv && lens) {
+                argv[0] = "TOUCH";
+                lens[0] = 5;
+                for (size_t i = 0; i < n; i++) {
+                        argv[i + 1] = keys[i];
+                        lens[i + 1] = strlen(keys[i]);
+                }
+                redisReply *rep = redisCommandArgv(c, (int)n + 1, argv, lens);
+                if (!rep)
+                        kfs_remote_conn_failed(r, c);
+                else if (rep->type == REDIS_REPLY_INTEGER)
+                        atomic_fetch_add(&r->touches, (uint64_t)rep->integer);
+                if (rep)
+                        freeReplyObject(rep);
+        }
+        free(argv);
+        free(lens);
+}
+
+int64_t kfs_remote_touch_due(struct kfs *fs, int64_t now)
+{
+        struct kfs_remote *r = fs->remote;
+        int64_t period = (int64_t)(r->touch_s * 1e9);
+        if (r->touched_ns == 0)
+                r->touched_ns = now;
+        if (now - r->touched_ns < period)
+                return r->touched_ns + period;
+        r->touched_ns = now;
+        pthread_mutex_lock(&r->touch_lock);
+        kmap set = r->touched;
+        kmap_init(&r->touched);
+        pthread_mutex_unlock(&r->touch_lock);
+        if (set.count) {
+                (void)kidx_flush(fs->idx); /* the names of files made since the last flush */
+                kmap seen;
+                kmap_init(&seen);
+                char *batch[TOUCH_BATCH];
+                size_t n = 0, pos = 0;
+                uint64_t ino;
+                void *v;
+                while (kmap_next(&set, &pos, &ino, &v)) {
+                        char *key = unit_key_of(fs, ino);
+                        if (!key)
+                                continue;
+                        uint64_t h = kfs_remote_hash(0, key); /* each unit once, whichever members were opened */
+                        if (kmap_get(&seen, h) || kmap_put(&seen, h, (void *)1) < 0) {
+                                free(key);
+                                continue;
+                        }
+                        batch[n++] = key;
+                        if (n == TOUCH_BATCH) {
+                                send_batch(r, batch, n);
+                                while (n)
+                                        free(batch[--n]);
+                        }
+                }
+                send_batch(r, batch, n);
+                while (n)
+                        free(batch[--n]);
+                kmap_free(&seen);
+        }
+        kmap_free(&set);
+        return now + period;
+}
