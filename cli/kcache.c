@@ -224,7 +224,8 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                         { "remote_remembered", "counter" }, { "remote_timeouts", "counter" },
                         { "remote_errors", "counter" }, { "remote_corrupt", "counter" }, { "remote_dirs", "counter" },
                         { "remote_publishes", "counter" }, { "remote_published_before", "counter" },
-                        { "remote_touches", "counter" },
+                        { "remote_touches", "counter" }, { "herd_waits", "counter" }, { "herd_served", "counter" },
+                        { "herd_gave_up", "counter" },
                         { "remote_bytes_in", "counter" }, { "remote_bytes_out", "counter" },
                 };
                 for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
@@ -285,6 +286,10 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                                kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"),
                                kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"),
                                kc_num(mount, "remote_touches"));
+                        if (kc_num(mount, "herd_waits"))
+                                printf("herd        %" PRIu64 " lookups waited for another's compile: %" PRIu64
+                                       " got it, %" PRIu64 " compiled after all\n", kc_num(mount, "herd_waits"),
+                                       kc_num(mount, "herd_served"), kc_num(mount, "herd_gave_up"));
                 }
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
                 if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */

@@ -18,6 +18,17 @@ static const char *const triton_temp_dirs[] = { "tmp.pid_*", NULL };    /* a sto
 static const char *const jax_temp_dirs[] = { "tmp", NULL };             /* XLA's autotune writes */
 static const char *const pyopencl_roots[] = { "pyopencl-compiler-cache-", "pdict-", NULL };
 static const char *const lock_keep[] = { "lock", NULL };                /* the bare name: a lock file */
+/* What compiles leave (outputs): the names a lookup may wait for while another node compiles them. */
+static const char *const neo_out[] = { "*.cl_cache", "*.l0_cache", "*.ocloc_cache", NULL };
+static const char *const sycl_out[] = { "*.bin", "*.src", NULL };
+static const char *const pocl_out[] = { "program.bc", "*.so", "*.o", NULL };
+static const char *const triton_out[] = { "*.json", "*.cubin", "*.ptx", "*.hsaco", "*.so", "*.ttir", "*.ttgir",
+                                          "*.llir", "*.amdgcn", NULL };
+static const char *const jax_out[] = { "*-cache", NULL };
+static const char *const numba_out[] = { "*.nbi", "*.nbc", NULL };
+static const char *const pyopencl_out[] = { "info", "binary", NULL };
+static const char *const kcache_out[] = { "*.kce", NULL };
+static const char *const cupy_out[] = { "*.cubin", NULL };
 static const char *const ccache_keep[] = { "ccache.conf", NULL };       /* its settings (max_size among them) */
 
 /* ccache's stats files (one per directory, 272 of them) are counters ccache rewrites as it goes: they
@@ -29,24 +40,29 @@ const struct krt_desc krt_table[KRT__COUNT] = {
                 .name = "neo", .what = "Intel NEO (OpenCL, Level Zero)", .dir = "neo",
                 .env = "export NEO_CACHE_PERSISTENT=1 NEO_CACHE_DIR='@DIR@' NEO_CACHE_MAX_SIZE=0", .env_default = true,
                 .keep = neo_keep, .keeps_dirs = true, .temp = neo_temp,
+                .outputs = neo_out,
         },
         [KRT_SYCL] = {
                 .name = "sycl", .what = "SYCL / DPC++", .dir = "sycl",
                 .env = "export SYCL_CACHE_PERSISTENT=1 SYCL_CACHE_DIR='@DIR@'; unset SYCL_CACHE_MAX_SIZE",
                 .env_default = true, .keep = sycl_keep, .keeps_dirs = true,
+                .outputs = sycl_out,
         },
         [KRT_POCL] = {
                 .name = "pocl", .what = "PoCL", .dir = "pocl", .env = "export POCL_CACHE_DIR='@DIR@'",
                 .env_default = true, .temp = pocl_temp,
+                .outputs = pocl_out,
         },
         [KRT_TRITON] = {
                 .name = "triton", .what = "Triton", .dir = "triton", .env = "export TRITON_CACHE_DIR='@DIR@'",
                 .env_default = true, .keep = lock_keep, .keeps_dirs = true, .temp_dirs = triton_temp_dirs,
+                .outputs = triton_out,
         },
         [KRT_JAX] = {
                 .name = "jax", .what = "JAX", .dir = "jax",
                 .env = "export JAX_COMPILATION_CACHE_DIR='@DIR@' JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0",
                 .env_default = true, .keep = jax_keep, .keeps_dirs = true, .temp_dirs = jax_temp_dirs,
+                .outputs = jax_out,
         },
         [KRT_CUDA] = {
                 .name = "cuda", .what = "CUDA driver (and NVIDIA OpenCL)", .dir = "cuda",
@@ -56,6 +72,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         [KRT_KCACHE] = {
                 .name = "kcache", .what = "libkcache and the OpenCL layer", .dir = "kcache",
                 .env = "export KCACHE_DIR='@DIR@'", .env_default = true,
+                .outputs = kcache_out,
         },
         [KRT_MESA] = {
                 .name = "mesa", .what = "Mesa's shader cache", .dir = "mesa",
@@ -65,6 +82,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         [KRT_NUMBA] = {
                 .name = "numba", .what = "Numba", .dir = "numba", .env = "export NUMBA_CACHE_DIR='@DIR@'",
                 .env_default = true, .keeps_dirs = true, .temp = numba_temp,
+                .outputs = numba_out,
         },
         /* PyOpenCL and pytools have no variable of their own: they follow XDG_CACHE_HOME, which moves every
          * program's XDG cache into the mount, so it is printed only when asked for by name. */
@@ -72,6 +90,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
                 .name = "pyopencl", .what = "PyOpenCL (its compiler and invoker caches, by XDG_CACHE_HOME)",
                 .dir = "xdg", .env = "export XDG_CACHE_HOME='@DIR@'", .keep = lock_keep, .roots = pyopencl_roots,
                 .dir_shared = true,
+                .outputs = pyopencl_out,
         },
         [KRT_CCACHE] = {
                 .name = "ccache", .what = "ccache", .dir = "ccache", .env = "export CCACHE_DIR='@DIR@' CCACHE_MAXSIZE=0",
@@ -85,6 +104,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         [KRT_CUPY] = {
                 .name = "cupy", .what = "CuPy", .dir = "cupy", .env = "export CUPY_CACHE_DIR='@DIR@'",
                 .env_default = true, .keeps_dirs = true,
+                .outputs = cupy_out,
         },
         [KRT_TORCH_EXT] = {
                 .name = "torch-extensions", .what = "PyTorch C++ extensions", .dir = "torch-extensions",
@@ -99,6 +119,15 @@ int krt_by_name(const char *name)
                 if (!strcmp(name, krt_table[i].name))
                         return i;
         return -1;
+}
+
+bool krt_is_output_name(const char *name)
+{
+        for (int i = 0; i < KRT__COUNT; i++)
+                for (const char *const *o = krt_table[i].outputs; o && *o; o++)
+                        if (fnmatch(*o, name, 0) == 0)
+                                return true;
+        return false;
 }
 
 bool krt_is_lock_name(const char *name)

@@ -46,6 +46,10 @@ struct krt_desc {
          * (a crash leaked them). NULL-terminated, or NULL. */
         const char *const *temp;
         const char *const *temp_dirs;
+        /* The names a compile's output is stored under (fnmatch patterns on a file's name): a lookup of one
+         * that another node is compiling waits for it (fs/remote/herd.c). Never a directory's name, which
+         * runtimes make long before they store, or as they probe. NULL-terminated, or NULL: no waiting. */
+        const char *const *outputs;
 };
 
 extern const struct krt_desc krt_table[KRT__COUNT];
@@ -62,5 +66,7 @@ bool krt_is_kept_path(const char *path);
 bool krt_is_temporary(const char *path);
 /* Whether the directory at path is one a runtime makes inside the directory it is given (roots). */
 bool krt_is_root_dir(const char *path);
+/* Whether name is one a runtime stores a compile's output under (outputs). */
+bool krt_is_output_name(const char *name);
 /* Whether name is a lock file's: the bare name lock, or *.lock. */
 bool krt_is_lock_name(const char *name);

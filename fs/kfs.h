@@ -119,6 +119,7 @@ struct kfs_opts {
         unsigned remote_timeout_ms; /* a lookup's deadline for the server */
         double remote_negative_s; /* a miss of the server remembered this long */
         double remote_touch_s;    /* units in use told to the server this often */
+        double herd_wait;         /* a lookup waits this long for another node's compile; 0: never */
         int show_help, show_version;
 };
 
@@ -556,6 +557,8 @@ extern const struct fuse_lowlevel_ops kfs_ops;
 /* ops-*.c entry points, wired in ops.c */
 void kfs_op_init(void *ud, struct fuse_conn_info *conn);
 void kfs_op_destroy(void *ud);
+/* Answers a lookup with what the tree holds now (a miss cached for neg_timeout): for one answered late. */
+void kfs_lookup_answer(fuse_req_t req, struct kfs_inode *dir, const char *name, double neg_timeout);
 void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name);
 void kfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n);
 void kfs_op_forget_multi(fuse_req_t req, size_t count, struct fuse_forget_data *forgets);

@@ -183,6 +183,10 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("invalid remote_negative_s: expected 0 to 86400 seconds");
         if (!(o->remote_touch_s >= 0.1 && o->remote_touch_s <= 86400))
                 return fail("invalid remote_touch_s: expected 0.1 to 86400 seconds");
+        if (!(o->herd_wait >= 0 && o->herd_wait <= 3600))
+                return fail("invalid herd_wait: expected 0 to 3600 seconds");
+        if (o->herd_wait > 0 && !o->remote_url)
+                return fail("herd_wait= needs remote=");
         if (o->remote_auth && !o->remote_url)
                 return fail("remote_auth= needs remote=");
         if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0) {

@@ -143,6 +143,32 @@ static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char 
         return gone;
 }
 
+/* The reply to a lookup of name in dir whose result is r (e filled when 0). A miss is cached by the kernel
+ * for neg_timeout, or never where users.c says so. */
+static void reply_lookup(fuse_req_t req, struct kfs *fs, struct kfs_inode *dir, const char *name, int r,
+                         struct fuse_entry_param *e, double neg_timeout)
+{
+        if (r == -ENOENT && kfs_users_uncached(fs, dir, name)) {
+                fuse_reply_err(req, ENOENT); /* a miss the kernel never caches (users.c, U4) */
+        } else if (r == -ENOENT) {
+                /* A negative entry: the kernel caches the miss until a create through the mount. */
+                memset(e, 0, sizeof(*e));
+                e->entry_timeout = neg_timeout;
+                fuse_reply_entry(req, e);
+        } else if (r < 0) {
+                fuse_reply_err(req, -r);
+        } else {
+                fuse_reply_entry(req, e);
+        }
+}
+
+void kfs_lookup_answer(fuse_req_t req, struct kfs_inode *dir, const char *name, double neg_timeout)
+{
+        struct kfs *fs = kfs_of(req);
+        struct fuse_entry_param e;
+        reply_lookup(req, fs, dir, name, kfs_do_lookup(fs, dir, name, &e), &e, neg_timeout);
+}
+
 void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
 {
         struct kfs *fs = kfs_of(req);
@@ -153,27 +179,20 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
                 kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* the lookup's reference: not replied */
                 r = -ENOENT;
         }
+        double neg = kfs_remote_negative_timeout(fs, fs->o.timeout); /* another node may store it */
         if (r == -ENOENT && fs->remote && !kfs_stale(dir)) { /* the shared tier may have it (remote/fetch.c) */
                 int dfd = kfs_inode_fd(fs, dir);
-                if (dfd >= 0 && kfs_remote_fetch(fs, req, dir, dfd, name) == 0) {
+                int f = dfd >= 0 ? kfs_remote_fetch(fs, req, dir, dfd, name) : -ENOENT;
+                if (dfd >= 0)
                         kfs_inode_fd_put(fs, dir, dfd);
+                if (f == KFS_REMOTE_PARKED)
+                        return; /* another node compiles it: answered once it is there (remote/herd.c) */
+                if (f == 0)
                         r = kfs_do_lookup(fs, dir, name, &e);
-                } else if (dfd >= 0) {
-                        kfs_inode_fd_put(fs, dir, dfd);
-                }
+                else if (f == KFS_REMOTE_FIRST)
+                        neg = 0; /* this node compiles it: the next lookups must reach us, to wait for it */
         }
-        if (r == -ENOENT && kfs_users_uncached(fs, dir, name)) {
-                fuse_reply_err(req, ENOENT); /* a miss the kernel never caches (users.c, U4) */
-        } else if (r == -ENOENT) {
-                /* A negative entry: the kernel caches the miss until a create through the mount. */
-                memset(&e, 0, sizeof(e));
-                e.entry_timeout = kfs_remote_negative_timeout(fs, fs->o.timeout); /* another node may store it */
-                fuse_reply_entry(req, &e);
-        } else if (r < 0) {
-                fuse_reply_err(req, -r);
-        } else {
-                fuse_reply_entry(req, &e);
-        }
+        reply_lookup(req, fs, dir, name, r, &e, neg);
 }
 
 void kfs_op_forget(fuse_req_t req, fuse_ino_t ino, uint64_t n)

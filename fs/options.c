@@ -198,6 +198,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("remote_timeout_ms=%u", remote_timeout_ms),
         OPT("remote_negative_s=%lf", remote_negative_s),
         OPT("remote_touch_s=%lf", remote_touch_s),
+        OPT("herd_wait=%lf", herd_wait),
         /* libfuse's, noted and passed on: a shared mount gets default_permissions,nosuid,nodev (main.c) */
         FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
         FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),

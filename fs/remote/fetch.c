@@ -37,7 +37,7 @@ double kfs_remote_negative_timeout(const struct kfs *fs, double timeout)
 }
 
 /* Whether a miss of (uid, path) is remembered; neg_lock taken. */
-static bool remembered(struct kfs_remote *r, uint64_t h)
+bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h)
 {
         pthread_mutex_lock(&r->neg_lock);
         void *v = kmap_get(&r->neg, h);
@@ -48,7 +48,7 @@ static bool remembered(struct kfs_remote *r, uint64_t h)
         return yes;
 }
 
-static void remember(struct kfs_remote *r, uint64_t h)
+void kfs_remote_remember(struct kfs_remote *r, uint64_t h)
 {
         pthread_mutex_lock(&r->neg_lock);
         if (r->neg.count > 65536) { /* bounded: the oldest are not worth a scan; start again */
@@ -60,7 +60,7 @@ static void remember(struct kfs_remote *r, uint64_t h)
 }
 
 /* GET key within ms. The reply (a string or nil), or NULL on a failure (counted, connection dropped). */
-static redisReply *get(struct kfs_remote *r, const char *key, unsigned ms)
+redisReply *kfs_remote_get(struct kfs_remote *r, const char *key, unsigned ms)
 {
         redisContext *c = kfs_remote_conn(r, ms);
         if (!c)
@@ -92,15 +92,9 @@ static void del(struct kfs_remote *r, const char *key)
                 kfs_remote_conn_failed(r, c);
 }
 
-struct asker {
-        uid_t uid;
-        gid_t gid;
-        bool chown;               /* the daemon is root: what it makes is given to the asker */
-};
-
 /* The directory rel (beneath the root), opened O_PATH, made on the way where missing (owned by the asker,
  * indexed). Every directory on the way that the fetch writes into is the asker's (F1). */
-static int open_dir(struct kfs *fs, const struct asker *a, const char *rel, size_t skip)
+static int open_dir(struct kfs *fs, const struct kfs_asker *a, const char *rel, size_t skip)
 {
         int fd = ktree_open(&fs->tree, KTREE_ROOT, "", O_PATH | O_DIRECTORY, 0);
         if (fd < 0)
@@ -142,7 +136,7 @@ static int open_dir(struct kfs *fs, const struct asker *a, const char *rel, size
 
 /* One member, whole, under no name, linked into place if the name is free (F3). 1: written; 0: the name
  * was taken; -errno. */
-static int write_member(struct kfs *fs, const struct asker *a, int dfd, const char *name, const struct krv_file *f)
+static int write_member(struct kfs *fs, const struct kfs_asker *a, int dfd, const char *name, const struct krv_file *f)
 {
         struct stat ds;
         if (fstat(dfd, &ds) < 0)
@@ -191,7 +185,7 @@ static char *dir_part(const char *path)
 }
 
 /* Writes unit u, fetched for path, beneath the root (F1-F4). 0 if path is there afterwards. */
-static int materialize(struct kfs *fs, const struct asker *a, const struct krv_unit *u, const char *path)
+static int materialize(struct kfs *fs, const struct kfs_asker *a, const struct krv_unit *u, const char *path)
 {
         /* F2: the marker is the last file; all of them lie beneath its directory, and path is one of them
          * or a directory on the way to one. */
@@ -237,64 +231,43 @@ static int materialize(struct kfs *fs, const struct asker *a, const struct krv_u
         return r < 0 ? r : 0;
 }
 
-int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name)
+int kfs_remote_asker(struct kfs *fs, fuse_req_t req, int dfd, struct kfs_asker *a)
 {
-        struct kfs_remote *r = fs->remote;
-        (void)dir;
-        if (!r || krt_is_kept_name(name) || krt_is_lock_name(name))
-                return -ENOENT;
         const struct fuse_ctx *ctx = fuse_req_ctx(req);
-        struct asker a = { .uid = ctx->uid, .gid = ctx->gid, .chown = geteuid() == 0 };
-        if (!a.chown) {
-                a.uid = geteuid(); /* a mount of one user: everything in it is the daemon's */
-                a.gid = getegid();
+        *a = (struct kfs_asker){ .uid = ctx->uid, .gid = ctx->gid, .chown = geteuid() == 0 };
+        if (!a->chown) {
+                a->uid = geteuid(); /* a mount of one user: everything in it is the daemon's */
+                a->gid = getegid();
         }
         struct stat ds;
-        if (fstat(dfd, &ds) < 0 || ds.st_uid != a.uid)
-                return -ENOENT; /* F1: not the asker's directory */
-        char *path = kfs_remote_relpath(fs, dfd, name);
-        if (!path)
-                return -ENOENT;
-        int ret = -ENOENT;
-        uint64_t h = kfs_remote_hash(a.uid, path);
-        char *key = NULL;
-        redisReply *rep = NULL, *unit = NULL;
-        if (krt_is_temporary(path) || remembered(r, h)) {
-                if (!krt_is_temporary(path))
-                        atomic_fetch_add(&r->remembered, 1);
-                goto out;
-        }
-        key = kfs_remote_key(a.uid, path);
-        rep = key ? get(r, key, r->timeout_ms) : NULL;
-        if (!rep)
-                goto out; /* down, slow or refused: a miss, not remembered (the server may be back soon) */
-        if (rep->type == REDIS_REPLY_NIL) {
-                atomic_fetch_add(&r->misses, 1);
-                remember(r, h);
-                goto out;
-        }
+        return fstat(dfd, &ds) < 0 || ds.st_uid != a->uid ? -EACCES : 0; /* F1: the asker's directory only */
+}
+
+int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path, const char *key, redisReply *rep)
+{
+        struct kfs_remote *r = fs->remote;
         if (rep->len == 1 && rep->str[0] == 'D') { /* a directory on the way to a unit */
-                int fd = open_dir(fs, &a, path, 0);
-                if (fd >= 0) {
-                        close(fd);
-                        ret = 0;
-                }
-                goto out;
+                int fd = open_dir(fs, a, path, 0);
+                if (fd < 0)
+                        return -ENOENT;
+                close(fd);
+                return 0;
         }
         const char *val = rep->str;
         size_t len = rep->len;
         char *ukey = NULL;
+        redisReply *unit = NULL;
+        int ret = -ENOENT;
         if (rep->len > 1 && rep->str[0] == 'M') { /* a member: the unit is at its marker's key */
                 char *m = strndup(rep->str + 1, rep->len - 1);
-                ukey = m && krv_path_ok(m, strlen(m)) ? kfs_remote_key(a.uid, m) : NULL;
+                ukey = m && krv_path_ok(m, strlen(m)) ? kfs_remote_key(a->uid, m) : NULL;
                 free(m);
-                unit = ukey ? get(r, ukey, r->transfer_ms) : NULL;
+                unit = ukey ? kfs_remote_get(r, ukey, r->transfer_ms) : NULL;
                 if (!unit || unit->type != REDIS_REPLY_STRING) {
                         if (unit && unit->type == REDIS_REPLY_NIL) {
                                 atomic_fetch_add(&r->misses, 1); /* the server evicted the unit */
-                                remember(r, h);
+                                kfs_remote_remember(r, kfs_remote_hash(a->uid, path));
                         }
-                        free(ukey);
                         goto out;
                 }
                 val = unit->str;
@@ -302,20 +275,18 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
         }
         struct krv_unit u;
         int d = krv_decode((const unsigned char *)val, len, &u);
-        if (d == 0 && (u.uid != a.uid || !kfs_remote_shareable(u.rt))) {
+        if (d == 0 && (u.uid != a->uid || !kfs_remote_shareable(u.rt))) {
                 krv_free(&u);
                 d = -EBADMSG; /* F1: not this user's, or not a unit that may be shared */
         }
         if (d < 0) {
                 atomic_fetch_add(&r->corrupt, 1);
                 del(r, ukey ? ukey : key); /* a value that does not check is nobody's: gone */
-                free(ukey);
                 goto out;
         }
         atomic_fetch_add(&r->bytes_in, len);
-        int m = materialize(fs, &a, &u, path);
+        int m = materialize(fs, a, &u, path);
         krv_free(&u);
-        free(ukey);
         if (m == 0) {
                 atomic_fetch_add(&r->hits, 1);
                 ret = 0;
@@ -323,10 +294,48 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
                 atomic_fetch_add(&r->errors, 1);
         }
 out:
-        if (rep)
-                freeReplyObject(rep);
         if (unit)
                 freeReplyObject(unit);
+        free(ukey);
+        return ret;
+}
+
+int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name)
+{
+        struct kfs_remote *r = fs->remote;
+        struct kfs_asker a;
+        if (!r || krt_is_kept_name(name) || krt_is_lock_name(name) || kfs_remote_asker(fs, req, dfd, &a) < 0)
+                return -ENOENT;
+        char *path = kfs_remote_relpath(fs, dfd, name);
+        if (!path)
+                return -ENOENT;
+        int ret = -ENOENT;
+        uint64_t h = kfs_remote_hash(a.uid, path);
+        char *key = NULL;
+        redisReply *rep = NULL;
+        if (krt_is_temporary(path) || kfs_remote_remembered(r, h)) {
+                if (!krt_is_temporary(path))
+                        atomic_fetch_add(&r->remembered, 1);
+                goto out;
+        }
+        key = kfs_remote_key(a.uid, path);
+        rep = key ? kfs_remote_get(r, key, r->timeout_ms) : NULL;
+        if (!rep)
+                goto out; /* down, slow or refused: a miss, not remembered (the server may be back soon) */
+        if (rep->type == REDIS_REPLY_NIL) {
+                atomic_fetch_add(&r->misses, 1);
+                ret = r->herd_ms && krt_is_output_name(name) ? kfs_remote_herd(fs, req, dir, &a, path, key)
+                                                              : -ENOENT; /* (herd.c) */
+                if (ret == -ENOENT)
+                        kfs_remote_remember(r, h);
+                if (ret == KFS_REMOTE_PARKED)
+                        path = key = NULL; /* the herd's now */
+                goto out;
+        }
+        ret = kfs_remote_take(fs, &a, path, key, rep);
+out:
+        if (rep)
+                freeReplyObject(rep);
         free(key);
         free(path);
         return ret;

@@ -42,6 +42,15 @@ struct kfs_remote {
         pthread_mutex_t neg_lock; /* a leaf */
         kmap neg;                 /* hash of namespace and path -> expiry (ns, as a pointer); neg_lock */
 
+        unsigned herd_ms;         /* -o herd_wait=: how long a lookup waits for another node's compile; 0: never */
+        struct {                  /* lookups waiting for another node's compile (herd.c) */
+                pthread_mutex_t lock; /* a leaf */
+                pthread_cond_t cond;
+                struct herd_wait *list; /* lock */
+                kmap mine;        /* marks this node set: hash of the mark -> struct herd_mine*; lock */
+                bool started, stop; /* lock */
+                pthread_t thread;
+        } herd;
         struct {
                 pthread_mutex_t lock; /* a leaf */
                 pthread_cond_t cond;
@@ -57,7 +66,14 @@ struct kfs_remote {
         kmap memo;                /* hash of a published unit's key -> its files' newest mtime; memo_lock */
 
         _Atomic uint64_t hits, misses, remembered, timeouts, errors, corrupt, dirs, publishes, published_before,
-                touches, bytes_in, bytes_out;
+                touches, bytes_in, bytes_out, herd_waits, herd_served, herd_gave_up;
+};
+
+/* Who asked (fetch.c, F1): what is made for them is theirs. */
+struct kfs_asker {
+        uid_t uid;
+        gid_t gid;
+        bool chown;               /* the daemon is root: what it makes is given to the asker */
 };
 
 /* conn.c */
@@ -78,6 +94,30 @@ char *kfs_remote_key(uint32_t uid, const char *path);
 char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name);
 /* Whether units of rt are shared (SHAREABLE). */
 bool kfs_remote_shareable(int rt);
+
+/* fetch.c */
+/* The asker of req, in directory dfd: -EACCES where it is not theirs (F1). */
+int kfs_remote_asker(struct kfs *fs, fuse_req_t req, int dfd, struct kfs_asker *a);
+/* GET within ms: a string or nil reply, or NULL (counted; the connection dropped). */
+redisReply *kfs_remote_get(struct kfs_remote *r, const char *key, unsigned ms);
+/* What the server holds at key (rep, a string) made beneath the root for path: 0, or -ENOENT. */
+int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path, const char *key, redisReply *rep);
+bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h);
+void kfs_remote_remember(struct kfs_remote *r, uint64_t h);
+
+/* herd.c: key missed. -ENOENT (a miss), KFS_REMOTE_FIRST (this node compiles it), or KFS_REMOTE_PARKED
+ * (another node does: req is answered later; path and key are the herd's). */
+int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const struct kfs_asker *a, char *path,
+                    char *key);
+void kfs_remote_herd_stop(struct kfs *fs);
+/* "kcfsh:1:u<uid>:<path>": key's in-flight mark, malloc'ed */
+char *kfs_remote_herd_key(const char *key);
+/* The last component of path. */
+static inline const char *kfs_remote_base(const char *path)
+{
+        const char *s = __builtin_strrchr(path, '/');
+        return s ? s + 1 : path;
+}
 
 /* publish.c */
 void kfs_remote_pub_start(struct kfs *fs);

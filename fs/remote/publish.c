@@ -178,15 +178,29 @@ static int snapshot(struct kfs *fs, const struct kev_unit *u, struct snap *s)
         return r;
 }
 
+/* The in-flight mark of key goes (herd.c): its compile is stored. Returns the commands appended. */
+static size_t unmark(redisContext *c, const char *key)
+{
+        char *m = kfs_remote_herd_key(key);
+        if (!m)
+                return 0;
+        redisAppendCommand(c, "DEL %b", m, strlen(m));
+        free(m);
+        return 1;
+}
+
 /* Stores the markers of unit u (P3): "M<marker>" at its other members, "D" at the directories above. */
 static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *u, size_t *sent)
 {
-        size_t n = 0;
+        char *k0 = kfs_remote_key(uid, u->members[0]);
+        size_t n = k0 ? unmark(c, k0) : 0;
+        free(k0);
         for (size_t i = 1; i < u->n; i++) {
                 char *k = kfs_remote_key(uid, u->members[i]);
                 if (!k)
                         continue;
                 redisAppendCommand(c, "SET %b M%s NX", k, strlen(k), u->members[0]);
+                n += unmark(c, k);
                 free(k);
                 n++;
         }
@@ -205,6 +219,7 @@ static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *
                         char *k = kfs_remote_key(uid, p);
                         if (k) {
                                 redisAppendCommand(c, "SET %b D NX", k, strlen(k));
+                                n += unmark(c, k);
                                 free(k);
                                 n++;
                         }

@@ -31,6 +31,10 @@ int kfs_remote_init(struct kfs *fs)
         pthread_mutex_init(&r->neg_lock, NULL);
         pthread_mutex_init(&r->memo_lock, NULL);
         pthread_mutex_init(&r->touch_lock, NULL);
+        pthread_mutex_init(&r->herd.lock, NULL);
+        pthread_cond_init(&r->herd.cond, NULL);
+        kmap_init(&r->herd.mine);
+        r->herd_ms = (unsigned)(fs->o.herd_wait * 1000);
         kmap_init(&r->touched);
         r->touch_s = fs->o.remote_touch_s;
         pthread_mutex_init(&r->pub.lock, NULL);
@@ -51,8 +55,10 @@ void kfs_remote_start(struct kfs *fs)
 
 void kfs_remote_stop(struct kfs *fs)
 {
-        if (fs->remote)
+        if (fs->remote) {
+                kfs_remote_herd_stop(fs); /* first: its answers go through the session */
                 kfs_remote_pub_stop(fs);
+        }
 }
 
 void kfs_remote_free(struct kfs *fs)
@@ -66,6 +72,8 @@ void kfs_remote_free(struct kfs *fs)
                 kmap_free(&r->memo);
                 kmap_free(&r->touched);
                 pthread_mutex_destroy(&r->touch_lock);
+                pthread_mutex_destroy(&r->herd.lock);
+                pthread_cond_destroy(&r->herd.cond);
                 pthread_mutex_destroy(&r->neg_lock);
                 pthread_mutex_destroy(&r->memo_lock);
                 pthread_mutex_destroy(&r->pub.lock);
@@ -98,6 +106,9 @@ void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
         c->publishes = atomic_load(&r->publishes);
         c->published_before = atomic_load(&r->published_before);
         c->touches = atomic_load(&r->touches);
+        c->herd_waits = atomic_load(&r->herd_waits);
+        c->herd_served = atomic_load(&r->herd_served);
+        c->herd_gave_up = atomic_load(&r->herd_gave_up);
         c->bytes_in = atomic_load(&r->bytes_in);
         c->bytes_out = atomic_load(&r->bytes_out);
 }
@@ -109,7 +120,7 @@ void kfs_remote_zero(struct kfs *fs)
                 return;
         _Atomic uint64_t *const all[] = { &r->hits, &r->misses, &r->remembered, &r->timeouts, &r->errors, &r->corrupt,
                                           &r->dirs, &r->publishes, &r->published_before, &r->touches, &r->bytes_in,
-                                          &r->bytes_out };
+                                          &r->bytes_out, &r->herd_waits, &r->herd_served, &r->herd_gave_up };
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                 atomic_store(all[i], 0);
 }

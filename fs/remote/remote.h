@@ -39,6 +39,18 @@
  * namespace, as files that uid owns: what one user stores is only ever loaded by that user. Wider
  * sharing (a trusted publisher's namespace) is the server's ACLs' to enforce (docs/remote.md).
  *
+ * HERD (herd.c, -o herd_wait=SECONDS, off by default). At a job's start every node misses the same
+ * kernels at once. Only names a compile's output is stored under count (common/runtimes.c, outputs:
+ * PoCL's program.bc and kernels, Triton's json and binaries, JAX's -cache...), never a directory, which
+ * runtimes make as they probe. The first lookup to miss such a name on the server marks it in flight there (SET NX with
+ * herd_wait as its life) and compiles; a lookup of the same name on any node that finds the mark waits,
+ * off the daemon's workers (the request is answered later, by the herd thread), until the name is on
+ * the server (the compile published it), or on this node (a process here compiled it), or the mark is
+ * gone, or herd_wait has passed: then it is answered as a miss, and that process compiles after all.
+ * Only another node's compile is waited for: a lookup parked in the kernel holds its directory's lock,
+ * which the compile on this node needs for its rename into place (herd.c, H4); so two processes of the
+ * node that compiles first may both compile, and every other node waits for them.
+ *
  * TOUCHES (touch.c). The local tier absorbs a node's repeated hits, so the server would see a kernel that
  * every node uses as cold and evict it first. Each open of a file through the mount notes its inode; every
  * remote_touch_s the publisher thread sends TOUCH for the units those files belong to, each unit once
@@ -60,6 +72,9 @@
 struct kfs;
 struct kfs_inode;
 
+#define KFS_REMOTE_PARKED 1 /* kfs_remote_fetch: the lookup is answered later (herd.c) */
+#define KFS_REMOTE_FIRST 2  /* kfs_remote_fetch: a miss that this node compiles first (herd.c) */
+
 struct kfs_remote_counts {
         uint64_t hits;          /* lookups served a unit from the server */
         uint64_t misses;        /* lookups the server did not know */
@@ -71,6 +86,9 @@ struct kfs_remote_counts {
         uint64_t publishes;     /* units stored */
         uint64_t published_before; /* units another node (or this one) had stored first */
         uint64_t touches;       /* units the server was told are in use here */
+        uint64_t herd_waits;    /* lookups that waited for another node's compile */
+        uint64_t herd_served;   /* of them, answered with what that compile stored */
+        uint64_t herd_gave_up;  /* of them, that compiled after all (herd_wait passed, or nothing came) */
         uint64_t bytes_in, bytes_out;
 };
 
@@ -82,7 +100,7 @@ void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);
 
 /* A lookup of name in dir found nothing: asks the server. 0 if the name is there now (made from the
- * server's unit or directory), -ENOENT if not. No lock held. */
+ * server's unit or directory), -ENOENT if not, KFS_REMOTE_FIRST or KFS_REMOTE_PARKED (HERD). No lock held. */
 int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
 /* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
  * another node may publish the name. */
