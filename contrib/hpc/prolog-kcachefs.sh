@@ -10,11 +10,17 @@
 #   KCACHEFS_MOUNT    mount point (default /var/cache/kcachefs/mnt, where the module files look)
 #   KCACHEFS_OPTIONS  -o options (default max_size=20G,allow_other,default_permissions,nosuid,nodev;
 #                     kcachefs adds default_permissions,nosuid,nodev to any allow_other mount itself)
+#   KCACHEFS_REMOTE   the cluster's shared tier, redis://HOST[:PORT][/DB] (docs/remote.md); none if unset
+#   KCACHEFS_REMOTE_AUTH  the file with its password (root, 0600)
+#   KCACHEFS_HERD_WAIT    seconds a node waits for another's compile at a job's start (herd_wait)
 set -eu
 backing=${KCACHEFS_BACKING:-/var/cache/kcachefs/private/backing}
 mnt=${KCACHEFS_MOUNT:-/var/cache/kcachefs/mnt}
 opts=${KCACHEFS_OPTIONS:-max_size=20G,allow_other,default_permissions,nosuid,nodev}
 kcachefs=${KCACHEFS_BIN:-kcachefs}
+if [ -n "${KCACHEFS_REMOTE:-}" ]; then opts="$opts,remote=$KCACHEFS_REMOTE"; fi
+if [ -n "${KCACHEFS_REMOTE_AUTH:-}" ]; then opts="$opts,remote_auth=$KCACHEFS_REMOTE_AUTH"; fi
+if [ -n "${KCACHEFS_HERD_WAIT:-}" ]; then opts="$opts,herd_wait=$KCACHEFS_HERD_WAIT"; fi
 if mountpoint -q "$mnt"; then exit 0; fi
 mkdir -p "$mnt"
 # Closed from its creation (mkdir -m 700 applies the mode as it makes the directory): a process that

@@ -456,3 +456,71 @@ def test_a_herd_whose_compile_dies_compiles_after_herd_wait(kfs, redis):
     took = time.monotonic() - t0
     assert 0.5 < took < 5, took  # ...until the mark's life (herd_wait) is over
     assert num(b, "herd_waits") == 1 and num(b, "herd_gave_up") == 1
+
+
+# ---------------------------------------------------------------- credentials and ACLs (contrib/redis)
+CONTRIB_ACL = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                           "contrib", "redis", "kcachefs-users.acl")
+
+
+@pytest.fixture
+def acl_redis(workdir):
+    """The server as contrib/redis configures it: the shipped ACL file, its secrets replaced."""
+    d, _ = workdir
+    p = private_dir(d)
+    with open(CONTRIB_ACL) as f:
+        acl = f.read().replace("CHANGE-ME-nodes-secret", "nodes-secret").replace("CHANGE-ME-admin-secret", "admin-secret")
+    with open(os.path.join(p, "users.acl"), "w") as f:
+        f.write(acl)
+    r = Redis(p, extra=["--aclfile", os.path.join(p, "users.acl")])
+    r.cli = lambda *args, raw=False, stdin=None, _r=r: Redis.cli(_r, "--user", "admin", "--pass", "admin-secret",
+                                                                 "--no-auth-warning", *args, raw=raw, stdin=stdin)
+    r.start()
+    yield r
+    r.stop()
+
+
+def auth_file(d, text, mode=0o600):
+    p = os.path.join(private_dir(d), f"auth-{abs(hash(text))}")
+    with open(p, "w") as f:
+        f.write(text + "\n")
+    os.chmod(p, mode)
+    return p
+
+
+def test_the_shipped_acl_lets_the_daemons_in_and_nobody_else(kfs, acl_redis, workdir):
+    d, _ = workdir
+    good = auth_file(d, "kcachefs nodes-secret")
+    a, b = node(kfs, acl_redis, remote_auth=good), node(kfs, acl_redis, remote_auth=good)
+    files = pocl_program(a.path("pocl"), "acl")
+    published(a)
+    marker = next(p for p in files if p.endswith("program.bc"))
+    with open(os.path.join(b.path("pocl"), marker), "rb") as f:
+        assert f.read() == files[marker]
+    # a client without the nodes' secret cannot write a key (nor read one)
+    anon = subprocess.run(["redis-cli", "-s", acl_redis.sock, "SET", f"kcfs:1:u0:pocl/{marker}", "x"],
+                          capture_output=True, text=True, timeout=30)
+    assert "NOAUTH" in anon.stdout + anon.stderr or "NOPERM" in anon.stdout + anon.stderr, anon
+    assert acl_redis.cli("STRLEN", f"kcfs:1:u0:pocl/{marker}").strip() != "1"
+
+
+def test_a_wrong_password_is_a_counted_miss_and_the_local_tier_works(kfs, acl_redis, workdir):
+    d, _ = workdir
+    a = node(kfs, acl_redis, remote_auth=auth_file(d, "kcachefs wrong-secret"))
+    files = pocl_program(a.path("pocl"), "wrong")  # stores and loads locally as without a remote
+    for rel, data in files.items():
+        with open(os.path.join(a.path("pocl"), rel), "rb") as f:
+            assert f.read() == data
+    assert not os.path.exists(os.path.join(a.path("pocl"), "zz"))
+    wait_for(lambda: num(a, "remote_errors") >= 1, what="the refused AUTH counted")
+    assert num(a, "remote_publishes") == 0 and num(a, "remote_hits") == 0
+    assert acl_redis.cli("DBSIZE").strip() == "0"
+
+
+@pytest.mark.parametrize("text,mode,why", [("kcachefs s", 0o644, "mode 0600"), ("", 0o600, "no password")])
+def test_a_bad_auth_file_is_refused_at_mount(kfs, redis, workdir, text, mode, why):
+    d, _ = workdir
+    m = kfs({"remote": redis.url, "remote_auth": auth_file(d, text, mode)}, start=False)
+    p = m.start(check=False)
+    assert p.returncode != 0 and why in p.stderr, p.stderr
+    assert not os.path.ismount(m.mnt)
