@@ -96,10 +96,23 @@ static void usage(const char *prog)
                "                            that made it\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
                "\n"
+               "The shared tier (docs/remote.md): runtime entries compiled on one node, served to the others\n"
+               "    -o remote=URL           a Redis-protocol server, redis://HOST[:PORT][/DB] or unix:/PATH;\n"
+               "                            default: none\n"
+               "    -o remote_auth=FILE     its password, or ACL user and password, on FILE's first line (the\n"
+               "                            daemon user's file, mode 0600)\n"
+               "    -o remote_timeout_ms=MS a lookup's deadline for the server, 1 to 60000; default %d\n"
+               "    -o remote_negative_s=S  a name the server lacks is not asked again for S seconds (0 to\n"
+               "                            86400); default %.0f\n"
+               "    -o remote_touch_s=S     the entries used here are told to the server every S seconds\n"
+               "                            (0.1 to 86400), so that its LRU keeps them; default 60\n"
+               "    -o herd_wait=S          a lookup of a compile's output that another node is compiling\n"
+               "                            waits up to S seconds for it (0 to 3600); default 0: never\n"
+               "\n"
                "Every mount is nosuid,nodev; its source (df, findmnt, mount(8)) is BACKING_DIR, its type\n"
                "fuse.kcachefs. allow_other (a mount for every user) adds default_permissions.\n"
                "\n",
-               KFS_META_DIR, DEFAULT_TIMEOUT, KFS_META_DIR);
+               KFS_META_DIR, DEFAULT_TIMEOUT, KFS_META_DIR, DEFAULT_REMOTE_TIMEOUT_MS, DEFAULT_REMOTE_NEGATIVE_S);
         printf("FUSE options:\n");
         fuse_cmdline_help();
         fuse_lowlevel_help();
