@@ -168,6 +168,74 @@ static int kc_cmd_zero(const struct kc_verb *v, int argc, char **argv)
         return KC_EXIT_OK;
 }
 
+/* ---- remote ---- */
+
+/* kcache remote [MOUNT] [--json]: the shared tier this mount uses (docs/remote.md): the server, the
+ * caller's namespace on it, the server's own figures (as the daemon read them at its last touches) and
+ * this node's counters. A mount without one: said, rc 1. */
+static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
+{
+        static const struct option longs[] = { { "json", no_argument, NULL, KC_O_JSON },
+                                                { "help", no_argument, NULL, 'h' }, { 0 } };
+        bool json = false;
+        int c;
+        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
+                if (c != KC_O_JSON)
+                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+                json = true;
+        }
+        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
+                return KC_EXIT_USAGE;
+        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
+        if (!mount)
+                return KC_EXIT_FAILED;
+        char where[1024];
+        if (kc_get(mount, "remote", where, sizeof(where)) <= 0)
+                return kc_fail("%s: no shared tier (mounted without -o remote=)", mount);
+        static const char *const names[] = {
+                "remote_hits", "remote_misses", "remote_remembered", "remote_timeouts", "remote_errors",
+                "remote_corrupt", "remote_dirs", "remote_publishes", "remote_published_before", "remote_touches",
+                "remote_bytes_in", "remote_bytes_out", "herd_waits", "herd_served", "herd_gave_up",
+                "remote_server_used_bytes", "remote_server_max_bytes", "remote_server_evicted_keys",
+                "remote_server_keys", "remote_server_seen_ns",
+        };
+        unsigned uid = (unsigned)getuid();
+        char ns[64];
+        snprintf(ns, sizeof(ns), "kcfs:1:u%u:", uid);
+        if (json) {
+                printf("{\"mount\":");
+                kc_put_json(stdout, mount);
+                printf(",\"server\":");
+                kc_put_json(stdout, where);
+                printf(",\"namespace\":\"%s\"", ns);
+                for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+                        printf(",\"%s\":%" PRIu64, names[i], kc_num(mount, names[i]));
+                printf("}\n");
+                return KC_EXIT_OK;
+        }
+        char a[32], b[32];
+        printf("server      %s\nnamespace   %s* (uid %u: the entries of yours that any node stored)\n", where, ns, uid);
+        uint64_t seen = kc_num(mount, "remote_server_seen_ns");
+        if (seen) {
+                kc_human(kc_num(mount, "remote_server_used_bytes"), a, sizeof(a));
+                uint64_t max = kc_num(mount, "remote_server_max_bytes");
+                kc_human(max, b, sizeof(b));
+                printf("on it       %s used of %s, %" PRIu64 " keys, %" PRIu64 " evicted (read %" PRIu64 " s ago)\n", a,
+                       max ? b : "no limit (set maxmemory: docs/remote.md)", kc_num(mount, "remote_server_keys"),
+                       kc_num(mount, "remote_server_evicted_keys"), (uint64_t)time(NULL) - seen / 1000000000);
+        } else {
+                printf("on it       not read yet (the daemon reads the server's figures with its touches)\n");
+        }
+        kc_human(kc_num(mount, "remote_bytes_in"), a, sizeof(a));
+        kc_human(kc_num(mount, "remote_bytes_out"), b, sizeof(b));
+        printf("this node   %" PRIu64 " entries fetched (%s), %" PRIu64 " misses, %" PRIu64 " timeouts, %" PRIu64
+               " errors, %" PRIu64 " bad values; %" PRIu64 " published (%s); %" PRIu64 " herd waits\n",
+               kc_num(mount, "remote_hits"), a, kc_num(mount, "remote_misses"), kc_num(mount, "remote_timeouts"),
+               kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"), kc_num(mount, "remote_publishes"), b,
+               kc_num(mount, "herd_waits"));
+        return KC_EXIT_OK;
+}
+
 static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
 {
         static const struct option longs[] = {
@@ -783,6 +851,9 @@ static const struct kc_verb kc_verbs[] = {
           "  --json         one JSON object, stable keys (max_bytes, used_bytes, files, ...)\n"
           "  --prometheus   the Prometheus text format, for a node exporter's textfile collector\n"
           "  -z, --zero     zero the statistics counters first (as kcache zero), then print\n" },
+        { "remote", kc_cmd_remote,
+          { { "[MOUNT] [--json]", "the shared tier: its server, your namespace, its use, this node's counters" } },
+          "  --json         one JSON object\n" },
         { "zero", kc_cmd_zero,
           { { "[MOUNT]", "zero the statistics counters (hits, evictions, refetches...)" } },
           NULL },

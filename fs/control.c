@@ -17,6 +17,8 @@
  *                      without one), remote_hits, remote_misses, remote_remembered, remote_timeouts,
  *                      remote_errors, remote_corrupt, remote_dirs, remote_publishes,
  *                      remote_published_before, remote_touches, herd_waits, herd_served, herd_gave_up,
+ *                      remote_server_used_bytes, remote_server_max_bytes, remote_server_evicted_keys,
+ *                      remote_server_keys, remote_server_seen_ns (the server's INFO at the last touches),
  *                      remote_bytes_in, remote_bytes_out (remote/remote.h),
  *                      stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
@@ -55,7 +57,9 @@ static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", 
                                           "detached_inodes", "pruned_names", "remote_hits", "remote_misses",
                                           "remote_remembered", "remote_timeouts", "remote_errors", "remote_corrupt",
                                           "remote_dirs", "remote_publishes", "remote_published_before", "remote_touches",
-                                          "herd_waits", "herd_served", "herd_gave_up",
+                                          "herd_waits", "herd_served", "herd_gave_up", "remote_server_used_bytes",
+                                          "remote_server_max_bytes", "remote_server_evicted_keys",
+                                          "remote_server_keys", "remote_server_seen_ns",
                                           "remote_bytes_in", "remote_bytes_out" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
@@ -120,6 +124,8 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         ",\"remote_errors\":%" PRIu64 ",\"remote_corrupt\":%" PRIu64 ",\"remote_dirs\":%" PRIu64
                         ",\"remote_publishes\":%" PRIu64 ",\"remote_published_before\":%" PRIu64 ",\"remote_touches\":%" PRIu64
                         ",\"herd_waits\":%" PRIu64 ",\"herd_served\":%" PRIu64 ",\"herd_gave_up\":%" PRIu64
+                        ",\"remote_server_used_bytes\":%" PRIu64 ",\"remote_server_max_bytes\":%" PRIu64
+                        ",\"remote_server_evicted_keys\":%" PRIu64 ",\"remote_server_keys\":%" PRIu64
                         ",\"remote_bytes_in\":%" PRIu64 ",\"remote_bytes_out\":%" PRIu64 "}",
                         KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
                         s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark,
@@ -134,6 +140,7 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                         json_str(kfs_remote_where(fs) ? kfs_remote_where(fs) : "", jremote, sizeof(jremote)), rc.hits,
                         rc.misses, rc.remembered, rc.timeouts, rc.errors, rc.corrupt, rc.dirs, rc.publishes,
                         rc.published_before, rc.touches, rc.herd_waits, rc.herd_served, rc.herd_gave_up,
+                        rc.server_used, rc.server_max, rc.server_evicted, rc.server_keys,
                         rc.bytes_in, rc.bytes_out);
 }
 
@@ -182,6 +189,9 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "remote_dirs", rc.dirs }, { "remote_publishes", rc.publishes },
                 { "remote_published_before", rc.published_before }, { "remote_touches", rc.touches },
                 { "herd_waits", rc.herd_waits }, { "herd_served", rc.herd_served }, { "herd_gave_up", rc.herd_gave_up },
+                { "remote_server_used_bytes", rc.server_used }, { "remote_server_max_bytes", rc.server_max },
+                { "remote_server_evicted_keys", rc.server_evicted }, { "remote_server_keys", rc.server_keys },
+                { "remote_server_seen_ns", (uint64_t)rc.server_seen_ns },
                 { "remote_bytes_in", rc.bytes_in },
                 { "remote_bytes_out", rc.bytes_out },
         };

@@ -67,6 +67,9 @@ struct kfs_remote {
 
         _Atomic uint64_t hits, misses, remembered, timeouts, errors, corrupt, dirs, publishes, published_before,
                 touches, bytes_in, bytes_out, herd_waits, herd_served, herd_gave_up;
+        /* the server's own figures, read with INFO at each touch interval (touch.c); 0: not known */
+        _Atomic uint64_t server_used, server_max, server_evicted, server_keys;
+        _Atomic int64_t server_seen_ns; /* when they were read (CLOCK_REALTIME); 0: never */
 };
 
 /* Who asked (fetch.c, F1): what is made for them is theirs. */

@@ -109,6 +109,11 @@ void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
         c->herd_waits = atomic_load(&r->herd_waits);
         c->herd_served = atomic_load(&r->herd_served);
         c->herd_gave_up = atomic_load(&r->herd_gave_up);
+        c->server_used = atomic_load(&r->server_used);
+        c->server_max = atomic_load(&r->server_max);
+        c->server_evicted = atomic_load(&r->server_evicted);
+        c->server_keys = atomic_load(&r->server_keys);
+        c->server_seen_ns = atomic_load(&r->server_seen_ns);
         c->bytes_in = atomic_load(&r->bytes_in);
         c->bytes_out = atomic_load(&r->bytes_out);
 }

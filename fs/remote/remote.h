@@ -89,6 +89,8 @@ struct kfs_remote_counts {
         uint64_t herd_waits;    /* lookups that waited for another node's compile */
         uint64_t herd_served;   /* of them, answered with what that compile stored */
         uint64_t herd_gave_up;  /* of them, that compiled after all (herd_wait passed, or nothing came) */
+        uint64_t server_used, server_max, server_evicted, server_keys; /* the server's INFO, when last read */
+        int64_t server_seen_ns; /* when (CLOCK_REALTIME ns); 0: never */
         uint64_t bytes_in, bytes_out;
 };
 

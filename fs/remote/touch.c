@@ -89,6 +89,38 @@ static void send_batch(struct kfs_remote *r, char **keys, size_t n)
         free(lens);
 }
 
+/* The figure NAME in an INFO reply, or 0. */
+static uint64_t info_field(const char *info, const char *name)
+{
+        size_t l = strlen(name);
+        for (const char *p = info; (p = strstr(p, name)); p += l)
+                if ((p == info || p[-1] == '\n') && p[l] == ':')
+                        return strtoull(p + l + 1, NULL, 10);
+        return 0;
+}
+
+/* The server's memory and evictions, for kcache stats and kcache remote (an ACL user without INFO: left
+ * unknown). */
+static void read_server(struct kfs_remote *r)
+{
+        redisContext *c = kfs_remote_conn(r, r->timeout_ms * 10);
+        redisReply *rep = c ? redisCommand(c, "INFO") : NULL;
+        if (c && !rep)
+                kfs_remote_conn_failed(r, c);
+        if (rep && rep->type == REDIS_REPLY_STRING) {
+                atomic_store(&r->server_used, info_field(rep->str, "used_memory"));
+                atomic_store(&r->server_max, info_field(rep->str, "maxmemory"));
+                atomic_store(&r->server_evicted, info_field(rep->str, "evicted_keys"));
+                const char *db = strstr(rep->str, "\ndb0:keys=");
+                atomic_store(&r->server_keys, db ? strtoull(db + 10, NULL, 10) : 0);
+                struct timespec ts;
+                clock_gettime(CLOCK_REALTIME, &ts);
+                atomic_store(&r->server_seen_ns, (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec);
+        }
+        if (rep)
+                freeReplyObject(rep);
+}
+
 int64_t kfs_remote_touch_due(struct kfs *fs, int64_t now)
 {
         struct kfs_remote *r = fs->remote;
@@ -98,6 +130,7 @@ int64_t kfs_remote_touch_due(struct kfs *fs, int64_t now)
         if (now - r->touched_ns < period)
                 return r->touched_ns + period;
         r->touched_ns = now;
+        read_server(r);
         pthread_mutex_lock(&r->touch_lock);
         kmap set = r->touched;
         kmap_init(&r->touched);

@@ -524,3 +524,22 @@ def test_a_bad_auth_file_is_refused_at_mount(kfs, redis, workdir, text, mode, wh
     p = m.start(check=False)
     assert p.returncode != 0 and why in p.stderr, p.stderr
     assert not os.path.ismount(m.mnt)
+
+
+def test_kcache_remote_shows_the_server_the_namespace_and_its_use(kfs, redis):
+    a = node(kfs, redis, remote_touch_s="0.2")
+    pocl_program(a.path("pocl"), "shown")
+    published(a)
+    wait_for(lambda: num(a, "remote_server_keys") > 0, what="the server's figures read")
+    out = kcache("remote", a.mnt).stdout
+    assert redis.url in out and f"kcfs:1:u{os.getuid()}:" in out, out
+    keys = int(redis.cli("DBSIZE"))
+    assert f"{num(a, 'remote_server_keys')} keys" in out and num(a, "remote_server_keys") <= keys, (out, keys)
+    assert num(a, "remote_server_used_bytes") > 0
+    import json
+    j = json.loads(kcache("remote", "--json", a.mnt).stdout)
+    assert j["server"] == redis.url and j["remote_publishes"] >= 1
+    plain = kfs({"max_size": "64M"})
+    p = subprocess.run([os.path.join(os.path.dirname(CLK), "..", "kcache"), "remote", plain.mnt],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "no shared tier" in p.stderr, p
