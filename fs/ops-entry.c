@@ -189,8 +189,8 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
                         return; /* another node compiles it: answered once it is there (remote/herd.c) */
                 if (f == 0)
                         r = kfs_do_lookup(fs, dir, name, &e);
-                else if (f == KFS_REMOTE_FIRST)
-                        neg = 0; /* this node compiles it: the next lookups must reach us, to wait for it */
+                else if (f == KFS_REMOTE_UNSURE)
+                        neg = 0; /* compiled here, or no answer: the next lookups must reach us again */
         }
         reply_lookup(req, fs, dir, name, r, &e, neg);
 }

@@ -89,6 +89,7 @@ int kfs_remote_parse(struct kfs_remote *r, const char *url, const char *auth_fil
                         long port = strtol(end + 1, &e, 10);
                         if (e == end + 1 || port < 1 || port > 65535)
                                 return fail("the port must be 1 to 65535 in", url);
+                        r->port = (int)port;
                         end = e;
                 }
                 if (*end == '/' && end[1]) {

@@ -320,8 +320,10 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
         }
         key = kfs_remote_key(a.uid, path);
         rep = key ? kfs_remote_get(r, key, r->timeout_ms) : NULL;
-        if (!rep)
-                goto out; /* down, slow or refused: a miss, not remembered (the server may be back soon) */
+        if (!rep) { /* down, slow or refused: a miss, remembered by neither us nor the kernel (it may be back) */
+                ret = key ? KFS_REMOTE_UNSURE : -ENOENT;
+                goto out;
+        }
         if (rep->type == REDIS_REPLY_NIL) {
                 atomic_fetch_add(&r->misses, 1);
                 ret = r->herd_ms && krt_is_output_name(name) ? kfs_remote_herd(fs, req, dir, &a, path, key)

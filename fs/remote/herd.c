@@ -205,7 +205,7 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
         pthread_mutex_lock(&r->herd.lock);
         struct herd_mine *m = kmap_get(&r->herd.mine, h);
         if (m && m->until_ns > now)
-                ret = KFS_REMOTE_FIRST; /* H4: compiled here, never waited for here */
+                ret = KFS_REMOTE_UNSURE; /* H4: compiled here, never waited for here */
         pthread_mutex_unlock(&r->herd.lock);
         if (ret == -ENOENT) {
                 redisContext *c = kfs_remote_conn(r, r->timeout_ms);
@@ -214,12 +214,12 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 if (c && !rep)
                         kfs_remote_conn_failed(r, c);
                 if (rep && rep->type == REDIS_REPLY_STATUS)
-                        ret = KFS_REMOTE_FIRST; /* ours: this process compiles it */
+                        ret = KFS_REMOTE_UNSURE; /* ours: this process compiles it */
                 else if (rep && rep->type == REDIS_REPLY_NIL)
                         ret = KFS_REMOTE_PARKED; /* another node's: wait for its compile */
                 if (rep)
                         freeReplyObject(rep);
-                if (ret == KFS_REMOTE_FIRST)
+                if (ret == KFS_REMOTE_UNSURE)
                         remember_mine(r, h, tgid, now + (int64_t)r->herd_ms * 1000000);
         }
         struct herd_wait *w = ret == KFS_REMOTE_PARKED ? calloc(1, sizeof(*w)) : NULL;

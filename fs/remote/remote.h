@@ -73,7 +73,8 @@ struct kfs;
 struct kfs_inode;
 
 #define KFS_REMOTE_PARKED 1 /* kfs_remote_fetch: the lookup is answered later (herd.c) */
-#define KFS_REMOTE_FIRST 2  /* kfs_remote_fetch: a miss that this node compiles first (herd.c) */
+#define KFS_REMOTE_UNSURE 2 /* kfs_remote_fetch: a miss the kernel must not remember: this node compiles it
+                               first (herd.c), or the server did not answer (it may have it a moment later) */
 
 struct kfs_remote_counts {
         uint64_t hits;          /* lookups served a unit from the server */
@@ -102,7 +103,7 @@ void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);
 
 /* A lookup of name in dir found nothing: asks the server. 0 if the name is there now (made from the
- * server's unit or directory), -ENOENT if not, KFS_REMOTE_FIRST or KFS_REMOTE_PARKED (HERD). No lock held. */
+ * server's unit or directory), -ENOENT if not, KFS_REMOTE_UNSURE or KFS_REMOTE_PARKED (HERD). No lock held. */
 int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
 /* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
  * another node may publish the name. */

@@ -387,6 +387,9 @@ def test_a_server_restarted_empty_is_a_miss_and_is_filled_again(kfs, redis):
     files2 = pocl_program(a.path("pocl"), "after")  # A publishes again to the new server
     published(a, 2)
     marker2 = next(p for p in files2 if p.endswith("program.bc"))
+    # B may still be in its back-off from the restart (a second): its misses meanwhile are remembered by
+    # neither B nor its kernel, so the next lookup asks again
+    wait_for(lambda: os.path.exists(os.path.join(b.path("pocl"), marker2)), what="B's back-off over")
     with open(os.path.join(b.path("pocl"), marker2), "rb") as f:
         assert f.read() == files2[marker2]
     assert num(b, "remote_hits") == 1
