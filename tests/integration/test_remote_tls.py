@@ -123,7 +123,7 @@ class Tunnel:
         if self.proc.poll() is not None:
             return "failed"
         log = self.text()
-        if "Error binding" in log or "Binding service" in log and "failed" in log:
+        if "Error binding" in log or ("Binding service" in log and "failed" in log):
             return "failed"
         return "up" if "Accepting new connections" in log else None
 
