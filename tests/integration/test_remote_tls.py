@@ -194,10 +194,9 @@ def tls(workdir):
         server.stop()
 
 
-# fs/remote/conn.c reads the port of redis://HOST:PORT and drops it (r->port stays 6379): a tunnel on
-# 127.0.0.1:PORT is never reached until that is fixed; the unix socket is (docs/remote-tls.md).
-PORT_DROPPED = pytest.mark.xfail(strict=True, reason="kfs_remote_parse drops the port of redis://HOST:PORT")
-ACCEPTS = [pytest.param("tcp", marks=PORT_DROPPED), "unix"]
+# The tunnel on 127.0.0.1:PORT (this test found the daemon dropping the port of redis://HOST:PORT) and on
+# a unix socket.
+ACCEPTS = ["tcp", "unix"]
 
 
 def through(m, t):
