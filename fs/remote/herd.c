@@ -14,7 +14,11 @@
  *      off the compile it waits for, until herd_wait. So the marks this node set are remembered (mine),
  *      and a lookup of a name marked here is a miss at once: the process that holds the mark goes on
  *      (its second probe, the lookup of its rename's target), and another process here compiles too.
- *      One compile per cluster is one per node that misses first at once, at most. */
+ *      One compile per cluster is one per node that misses first at once, at most.
+ *   H5 A mark won is checked against the unit once more: a compile elsewhere may have been published (its
+ *      unit stored, then its mark deleted) between our GET and our SET, and is then fetched, not done
+ *      again. The publisher stores the unit before it deletes the marks, so a mark won after the
+ *      deletion finds the unit. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -214,11 +218,25 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 if (c && !rep)
                         kfs_remote_conn_failed(r, c);
                 if (rep && rep->type == REDIS_REPLY_STATUS)
-                        ret = KFS_REMOTE_UNSURE; /* ours: this process compiles it */
+                        ret = KFS_REMOTE_UNSURE; /* ours: this process compiles it (unless H5) */
                 else if (rep && rep->type == REDIS_REPLY_NIL)
                         ret = KFS_REMOTE_PARKED; /* another node's: wait for its compile */
                 if (rep)
                         freeReplyObject(rep);
+                if (ret == KFS_REMOTE_UNSURE && c) { /* H5: a compile published between our GET and SET */
+                        redisReply *again = kfs_remote_get(r, key, r->timeout_ms);
+                        if (again && again->type == REDIS_REPLY_STRING) {
+                                int t = kfs_remote_take(fs, a, path, key, again);
+                                redisReply *d = redisCommand(c, "DEL %b", mark, strlen(mark)); /* ours: unneeded */
+                                if (d)
+                                        freeReplyObject(d);
+                                freeReplyObject(again);
+                                free(mark);
+                                return t == 0 ? 0 : -ENOENT;
+                        }
+                        if (again)
+                                freeReplyObject(again);
+                }
                 if (ret == KFS_REMOTE_UNSURE)
                         remember_mine(r, h, tgid, now + (int64_t)r->herd_ms * 1000000);
         }

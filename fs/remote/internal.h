@@ -108,8 +108,9 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
 bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h);
 void kfs_remote_remember(struct kfs_remote *r, uint64_t h);
 
-/* herd.c: key missed. -ENOENT (a miss), KFS_REMOTE_UNSURE (this node compiles it), or KFS_REMOTE_PARKED
- * (another node does: req is answered later; path and key are the herd's). */
+/* herd.c: key missed. -ENOENT (a miss), 0 (published meanwhile, and made here), KFS_REMOTE_UNSURE (this
+ * node compiles it), or KFS_REMOTE_PARKED (another node does: req is answered later; path and key are the
+ * herd's). */
 int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const struct kfs_asker *a, char *path,
                     char *key);
 void kfs_remote_herd_stop(struct kfs *fs);

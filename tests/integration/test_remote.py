@@ -443,8 +443,10 @@ def test_eight_processes_on_four_nodes_missing_one_program_compile_it_once_per_c
         assert "0 failures" in out  # every process got the right result
         compiled[m.mnt] = compiled.get(m.mnt, 0) + err.count("Writing program.bc")
     assert len([n for n in compiled.values() if n]) == 1, f"more than one node compiled: {compiled}"
-    assert sum(num(m, "herd_waits") for m in nodes) >= 3  # the other nodes waited for it
-    assert sum(num(m, "herd_served") for m in nodes) >= 3  # and got it from the server
+    others = [m for m in nodes if not compiled[m.mnt]]
+    assert all(num(m, "remote_hits") >= 1 for m in others)  # each got it from the server
+    # most waited for the compile; one that came after its publication fetched it at once (H5)
+    assert sum(num(m, "herd_waits") for m in others) >= 1
     for m in nodes:
         assert "matches" in kcache("verify", m.mnt).stdout
 
