@@ -617,7 +617,11 @@ int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u)
         u->forced = f.forced;
         if (f.forced != KRT_FILE && !is_temporary(path))
                 for (size_t i = 0; i < sizeof(recognisers) / sizeof(*recognisers); i++) {
-                        if (f.forced != KRT_AUTO && f.forced != recognisers[i].rt)
+                        /* A forced runtime's own rules only; Inductor's directory also holds the Triton
+                         * cache it compiles into (TORCHINDUCTOR_CACHE_DIR/triton/<device>/<key>/), whose
+                         * key directories go whole as anywhere else. */
+                        bool inductor_triton = f.forced == KRT_INDUCTOR && recognisers[i].rt == KRT_TRITON;
+                        if (f.forced != KRT_AUTO && f.forced != recognisers[i].rt && !inductor_triton)
                                 continue;
                         u->rt = recognisers[i].rt;
                         int r = recognisers[i].unit(fs, &f, u);

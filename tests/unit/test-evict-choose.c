@@ -264,6 +264,32 @@ static void test_a_pocl_program_goes_whole_at_its_newest_file(void)
         scene_end(&sc);
 }
 
+/* Inductor's directory holds the Triton cache it compiles into: under layout=inductor (kcache env's mark
+ * does the same) a Triton key directory there still goes whole, json first, not file by file. */
+static void test_triton_keys_in_inductors_directory_go_whole(void)
+{
+        struct scene sc;
+        scene_begin(&sc);
+        const char *key = "inductor/triton/0/ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST"; /* 52 base32 */
+        char grp[PATH_MAX], json[PATH_MAX], cubin[PATH_MAX];
+        snprintf(grp, sizeof(grp), "%s/__grp__k.json", key);
+        snprintf(json, sizeof(json), "%s/k.json", key);
+        snprintf(cubin, sizeof(cubin), "%s/k.cubin", key);
+        mk(&sc, cubin, 8192);
+        mk(&sc, json, 100);
+        mk(&sc, grp, 100);
+        mk(&sc, "inductor/fxgraph/ab/entry", 4096);
+        scene_open(&sc);
+        CHECK_EQ(kfs_parse_layouts("inductor", &sc.fs.o.layouts, &sc.fs.o.nlayouts), 0);
+        const char *order[] = { cubin, "inductor/fxgraph/ab/entry", json, grp };
+        touch_in_order(&sc, order, 4);
+        fake_now = T0 + 100 * S;
+        char want[PATH_MAX * 4];
+        snprintf(want, sizeof(want), "inductor/fxgraph/ab/entry|%s,%s,%s", grp, json, cubin);
+        CHECK_TAKES(take(&sc, UINT64_MAX, SIZE_MAX, NULL, false), want);
+        scene_end(&sc);
+}
+
 /* SYCL's entry is <n>.bin, <n>.src and <n>_access_time.txt, in that order, and stays while SYCL holds
  * <n>.lock; its cache_size.txt is repaired afterwards, never evicted. */
 static void test_a_sycl_entry_goes_whole_unless_locked(void)
@@ -465,6 +491,7 @@ int main(void)
         test_grace_by_the_eviction_clock();
         test_open_pinned_and_kept_files_stay();
         test_a_pocl_program_goes_whole_at_its_newest_file();
+        test_triton_keys_in_inductors_directory_go_whole();
         test_a_sycl_entry_goes_whole_unless_locked();
         test_mesa_entries_go_one_by_one_and_cuda_whole();
         test_numba_pytools_jax_and_neo_units();
