@@ -7,8 +7,8 @@ process (FileCacheManager.put: each compile stores its stages; a process served 
 none). Inductor's compile workers are kept in this process (TORCHINDUCTOR_COMPILE_THREADS=1, set by the
 script) so that the count sees every Triton compile.
     remote_workload.py triton|inductor OUT      a part; OUT: the results (torch.save)
-    remote_workload.py sim OUT                  no GPU, no torch: a Triton-like cache entry made or read
-                                                 (the script's dry run on a machine without a GPU)
+    remote_workload.py sim OUT                  no GPU, no torch: Triton-like and Inductor-like entries made or
+                                                 read (the script's dry run on a machine without a GPU)
     remote_workload.py compare OUT1 OUT2        exit 0 if both hold equal results"""
 import json
 import os
@@ -96,22 +96,35 @@ def inductor_part():
 
 
 def sim_part():
-    """Triton's FileCacheManager's moves, without Triton: the key directory made, the group file looked
-    up; found, its files are read; not, they are stored (temporary, then renamed into place)."""
-    d = os.path.join(os.environ["TRITON_CACHE_DIR"], "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST")
+    """Without Triton or torch, the moves of their caches: Triton's FileCacheManager (the key directory
+    made, the group file looked up; found, its files are read; not, they are stored, each renamed into
+    place) in TRITON_CACHE_DIR, or under TORCHINDUCTOR_CACHE_DIR/triton/0 as Inductor puts it, where also
+    an FX graph entry is looked for as Inductor does (its key directory tested, then listed) and stored
+    under a name of its own on a miss."""
+    ind = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    base = os.path.join(ind, "triton", "0") if ind else os.environ["TRITON_CACHE_DIR"]
+    d = os.path.join(base, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567ABCDEFGHIJKLMNOPQRST")
     t0 = time.perf_counter()
     os.makedirs(d, exist_ok=True)
     files = {"k.cubin": os.urandom(4096), "k.json": b"{}", "__grp__k.json": b'{"child_paths": {}}'}
-    puts = 0
+    r = {"triton_puts": 0, "gpu": "none (sim)"}
     if not os.path.exists(os.path.join(d, "__grp__k.json")):
         for name, data in files.items():
             with open(os.path.join(d, name + ".tmp"), "wb") as f:
                 f.write(data)
             os.replace(os.path.join(d, name + ".tmp"), os.path.join(d, name))
-            puts += 1
+            r["triton_puts"] += 1
+    if ind:
+        sub = os.path.join(ind, "fxgraph", "ab", "fabcdefghijklmnopqrstuvwxyz234567abcdefghijklmnopqrst")
+        hit = os.path.exists(sub) and len(os.listdir(sub)) > 0
+        r.update(fxgraph_cache_hit=int(hit), fxgraph_cache_miss=int(not hit))
+        if not hit:
+            os.makedirs(sub, exist_ok=True)
+            with open(os.path.join(sub, os.urandom(8).hex()), "wb") as f:
+                f.write(b"graph")
     with open(os.path.join(d, "k.cubin"), "rb") as f, open(OUT, "wb") as o:
         o.write(f.read())
-    return {"secs": round(time.perf_counter() - t0, 3), "triton_puts": puts, "gpu": "none (sim)"}
+    return dict(secs=round(time.perf_counter() - t0, 3), **r)
 
 
 def compare(a, b):
