@@ -37,7 +37,7 @@ wait_for() { local t=$1; shift; local end=$((SECONDS + t)); until "$@"; do [ $SE
 
 for m in $MA $MB $MC; do mountpoint -q $m && { umount $m || umount -l $m; }; done
 rm -rf $W
-mkdir -p -m 0700 $W $W/private $W/out
+mkdir -m 0700 $W && mkdir -m 0700 $W/private && mkdir $W/out || exit 1
 mkdir -p $BA $BB $BC $MA $MB $MC
 chmod 0755 $BA $BB $BC
 rpid=
