@@ -249,6 +249,12 @@ char *kfs_remote_key(uint32_t uid, const char *path)
         return asprintf(&k, REMOTE_KEY_PREFIX "%u:%s", uid, path) < 0 ? NULL : k;
 }
 
+char *kfs_remote_list_key(uint32_t uid, const char *dir)
+{
+        char *k;
+        return asprintf(&k, "kcfsl:1:u%u:%s", uid, dir) < 0 ? NULL : k;
+}
+
 char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name)
 {
         char proc[64], buf[PATH_MAX];

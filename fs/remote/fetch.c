@@ -14,6 +14,7 @@
  *   F5 Any failure is a miss: the runtime compiles, as it would with no remote. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -243,6 +244,48 @@ int kfs_remote_asker(struct kfs *fs, fuse_req_t req, int dfd, struct kfs_asker *
         return fstat(dfd, &ds) < 0 || ds.st_uid != a->uid ? -EACCES : 0; /* F1: the asker's directory only */
 }
 
+/* The directory path was just made from the server: the units published directly in it come along,
+ * if they are few (LISTINGS, remote.h): a runtime that lists the directory instead of looking a name up
+ * finds them. */
+static void fetch_listing(struct kfs *fs, const struct kfs_asker *a, const char *path)
+{
+        struct kfs_remote *r = fs->remote;
+        char *lk = kfs_remote_list_key(a->uid, path);
+        redisContext *c = lk ? kfs_remote_conn(r, r->timeout_ms) : NULL;
+        redisReply *names = c ? redisCommand(c, "SRANDMEMBER %b %d", lk, strlen(lk), REMOTE_LIST_MAX + 1) : NULL;
+        if (c && !names)
+                kfs_remote_conn_failed(r, c);
+        free(lk);
+        if (!names || names->type != REDIS_REPLY_ARRAY || names->elements > REMOTE_LIST_MAX) {
+                if (names)
+                        freeReplyObject(names);
+                return; /* none, or a directory of many entries: each is fetched when it is looked up */
+        }
+        for (size_t i = 0; i < names->elements; i++) {
+                redisReply *n = names->element[i];
+                char *child = NULL, *key = NULL;
+                struct stat st;
+                int dfd = -1;
+                if (n->type != REDIS_REPLY_STRING || !ktree_name_ok(n->str) ||
+                    asprintf(&child, "%s%s%s", path, *path ? "/" : "", n->str) < 0) {
+                        continue;
+                }
+                dfd = ktree_open(&fs->tree, KTREE_ROOT, path, O_PATH | O_DIRECTORY, 0);
+                bool have = dfd >= 0 && ktree_stat(&fs->tree, dfd, n->str, &st) == 0;
+                if (dfd >= 0)
+                        close(dfd);
+                redisReply *v = have || !(key = kfs_remote_key(a->uid, child)) ? NULL
+                                                                               : kfs_remote_get(r, key, r->transfer_ms);
+                if (v && v->type == REDIS_REPLY_STRING && !(v->len == 1 && v->str[0] == 'D'))
+                        (void)kfs_remote_take(fs, a, child, key, v); /* a member, or a unit: made whole */
+                if (v)
+                        freeReplyObject(v);
+                free(key);
+                free(child);
+        }
+        freeReplyObject(names);
+}
+
 int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path, const char *key, redisReply *rep)
 {
         struct kfs_remote *r = fs->remote;
@@ -251,6 +294,7 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
                 if (fd < 0)
                         return -ENOENT;
                 close(fd);
+                fetch_listing(fs, a, path);
                 return 0;
         }
         const char *val = rep->str;

@@ -86,24 +86,26 @@ static int settle(struct kfs *fs, struct herd_wait *w, int64_t now)
                 kfs_inode_fd_put(fs, w->dir, dfd);
         if (here)
                 return 1;
+        /* The mark first, then the unit: the publisher stores the unit before it deletes the mark, so a mark
+         * seen gone means a unit stored then is seen by the GET after (as H5). */
         unsigned ms = r->timeout_ms > HERD_POLL_TIMEOUT_MS ? r->timeout_ms : HERD_POLL_TIMEOUT_MS;
-        redisReply *rep = kfs_remote_get(r, w->key, ms);
+        redisReply *mrep = kfs_remote_get(r, w->mark, ms);
+        redisReply *rep = mrep ? kfs_remote_get(r, w->key, ms) : NULL;
+        bool marked = mrep && mrep->type == REDIS_REPLY_STRING;
+        if (mrep)
+                freeReplyObject(mrep);
         if (rep && rep->type == REDIS_REPLY_STRING) {
                 int t = kfs_remote_take(fs, &w->asker, w->path, w->key, rep);
                 freeReplyObject(rep);
                 return t == 0 ? 1 : -1;
         }
-        redisReply *mrep = rep ? kfs_remote_get(r, w->mark, ms) : NULL;
-        if (rep)
-                freeReplyObject(rep);
-        if (!mrep) { /* no answer: a stalled server, or a busy node; gone for long, nothing will come */
+        if (!rep) { /* no answer: a stalled server, or a busy node; gone for long, nothing will come */
                 if (!w->failing_ns)
                         w->failing_ns = now;
                 return now - w->failing_ns > (int64_t)HERD_FAILING_MS * 1000000 || now >= w->deadline_ns ? -1 : 0;
         }
+        freeReplyObject(rep);
         w->failing_ns = 0;
-        bool marked = mrep->type == REDIS_REPLY_STRING;
-        freeReplyObject(mrep);
         if (!marked || now >= w->deadline_ns)
                 return -1; /* the compile ended with nothing stored, or took too long (H3) */
         return 0;

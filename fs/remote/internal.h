@@ -92,6 +92,9 @@ void kfs_remote_conn_free(struct kfs_remote *r);
 uint64_t kfs_remote_hash(uint32_t uid, const char *path);
 /* "kcfs:1:u<uid>:<path>", malloc'ed. */
 char *kfs_remote_key(uint32_t uid, const char *path);
+/* "kcfsl:1:u<uid>:<dir>": the names of unit members published directly in dir (LISTINGS), malloc'ed. */
+char *kfs_remote_list_key(uint32_t uid, const char *dir);
+#define REMOTE_LIST_MAX 16        /* a directory made from the server gets its members if it has this few */
 /* The path of name in the directory open as dfd, relative to the backing root; malloc'ed, or NULL
  * (outside it: the directory was removed, or it is the metadata directory). */
 char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name);

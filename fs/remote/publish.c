@@ -204,6 +204,19 @@ static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *
                 free(k);
                 n++;
         }
+        /* each member's name in its directory's listing (LISTINGS, remote.h) */
+        for (size_t i = 0; i < u->n; i++) {
+                const char *slash = strrchr(u->members[i], '/');
+                char *dir = slash ? strndup(u->members[i], (size_t)(slash - u->members[i])) : strdup("");
+                char *k = dir ? kfs_remote_list_key(uid, dir) : NULL;
+                if (k) {
+                        const char *name = slash ? slash + 1 : u->members[i];
+                        redisAppendCommand(c, "SADD %b %s", k, strlen(k), name);
+                        n++;
+                }
+                free(k);
+                free(dir);
+        }
         /* every directory above a member, once; the root itself has no key */
         for (size_t i = 0; i < u->n; i++) {
                 char *p = strdup(u->members[i]);

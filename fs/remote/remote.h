@@ -51,6 +51,12 @@
  * which the compile on this node needs for its rename into place (herd.c, H4); so two processes of the
  * node that compiles first may both compile, and every other node waits for them.
  *
+ * LISTINGS. Some runtimes find an entry by listing its directory rather than by looking a name up
+ * (Inductor's FX graph and AOT autograd caches list their key directory), and a listing never reaches the
+ * server. So each published member's name is added to its directory's set ("kcfsl:1:u<uid>:<dir>"), and a
+ * directory made from its "D" key brings the units published directly in it along, when they are few
+ * (REMOTE_LIST_MAX; a flat directory of many entries, JAX's, is looked up by name anyway).
+ *
  * TOUCHES (touch.c). The local tier absorbs a node's repeated hits, so the server would see a kernel that
  * every node uses as cold and evict it first. Each open of a file through the mount notes its inode; every
  * remote_touch_s the publisher thread sends TOUCH for the units those files belong to, each unit once

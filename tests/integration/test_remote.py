@@ -300,7 +300,8 @@ def test_what_one_user_stores_only_that_user_loads(kfs, redis):
     assert as_user(alice, STORE, a.mnt, "alice's kernel") == 0
     wait_for(lambda: num(a, "remote_publishes") >= 1, timeout=20, what="alice's unit published")
     keys = redis.cli("KEYS", "*").split()
-    assert keys and all(k.startswith(f"kcfs:1:u{alice.pw_uid}:users") for k in keys), keys
+    ns = lambda k, u: any(k.startswith(f"{kind}:1:u{u.pw_uid}:users") for kind in ("kcfs", "kcfsl", "kcfsh"))
+    assert keys and all(ns(k, alice) for k in keys), keys
     # Bob, on B, at the same place in his own directory: nothing of alice's comes (another namespace)
     assert as_user(bob, LOAD, b.mnt, "alice's kernel") == errno.ENOENT
     # nor through her path: users/<alice> is not his to make, and nothing is fetched into it for him
@@ -318,8 +319,8 @@ def test_what_one_user_stores_only_that_user_loads(kfs, redis):
     wait_for(lambda: num(a, "remote_publishes") >= 2, timeout=20, what="bob's unit published")
     key = f"kcfs:1:u{alice.pw_uid}:users/{alice.pw_uid}/pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc"
     assert b"alice's kernel" in redis.cli("GET", key, raw=True)
-    mine = [k for k in redis.cli("KEYS", "*").split() if not k.startswith(f"kcfs:1:u{alice.pw_uid}:")]
-    assert mine and all(k.startswith(f"kcfs:1:u{bob.pw_uid}:users") for k in mine), mine
+    mine = [k for k in redis.cli("KEYS", "*").split() if not ns(k, alice)]
+    assert mine and all(ns(k, bob) for k in mine), mine
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
@@ -548,3 +549,21 @@ def test_kcache_remote_shows_the_server_the_namespace_and_its_use(kfs, redis):
     p = subprocess.run([os.path.join(os.path.dirname(CLK), "..", "kcache"), "remote", plain.mnt],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode == 1 and "no shared tier" in p.stderr, p
+
+
+def test_a_directory_made_from_the_server_lists_what_was_published_in_it(kfs, redis):
+    """Inductor finds an FX graph entry by listing its key directory, never by looking its name up: a
+    directory made from the server brings the units published directly in it (LISTINGS)."""
+    a, b = node(kfs, redis), node(kfs, redis)
+    for m in (a, b):
+        os.makedirs(m.path("inductor"))
+        kcache("env", m.mnt, "inductor")
+    d = os.path.join("inductor", "fxgraph", "ab", "fabcdef0123456789")
+    os.makedirs(a.path(d))
+    with open(a.path(d, "entry.bin"), "wb") as f:
+        f.write(b"graph" * 1000)
+    published(a)
+    assert os.path.isdir(b.path(d))  # Inductor: the key directory exists...
+    assert os.listdir(b.path(d)) == ["entry.bin"]  # ...then its candidates, listed
+    with open(b.path(d, "entry.bin"), "rb") as f:
+        assert f.read() == b"graph" * 1000
