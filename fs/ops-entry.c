@@ -182,9 +182,7 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
         double neg = kfs_remote_negative_timeout(fs, fs->o.timeout); /* another node may store it */
         if (r == -ENOENT && fs->remote && !kfs_stale(dir)) { /* the shared tier may have it (remote/fetch.c) */
                 int dfd = kfs_inode_fd(fs, dir);
-                int f = dfd >= 0 ? kfs_remote_fetch(fs, req, dir, dfd, name) : -ENOENT;
-                if (dfd >= 0)
-                        kfs_inode_fd_put(fs, dir, dfd);
+                int f = dfd >= 0 ? kfs_remote_fetch(fs, req, dir, dfd, name) : -ENOENT; /* gives dfd back */
                 if (f == KFS_REMOTE_PARKED)
                         return; /* another node compiles it: answered once it is there (remote/herd.c) */
                 if (f == 0)

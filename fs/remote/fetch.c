@@ -137,7 +137,8 @@ static int open_dir(struct kfs *fs, const struct kfs_asker *a, const char *rel, 
 
 /* One member, whole, under no name, linked into place if the name is free (F3). 1: written; 0: the name
  * was taken; -errno. */
-static int write_member(struct kfs *fs, const struct kfs_asker *a, int dfd, const char *name, const struct krv_file *f)
+static int write_member(struct kfs *fs, const struct kfs_asker *a, int dfd, const char *name, const struct krv_file *f,
+                        uint64_t *made)
 {
         struct stat ds;
         if (fstat(dfd, &ds) < 0)
@@ -171,6 +172,7 @@ static int write_member(struct kfs *fs, const struct kfs_asker *a, int dfd, cons
                 else if (r == 0) {
                         kidx_add_file(fs->idx, st.st_ino, (uint64_t)st.st_blocks * 512, a->uid, kfs_now_ns());
                         kidx_add_dent(fs->idx, ds.st_ino, name, st.st_ino, KIDX_REG);
+                        *made = st.st_ino;
                         r = 1;
                 }
         }
@@ -196,10 +198,13 @@ static int materialize(struct kfs *fs, const struct kfs_asker *a, const struct k
         size_t tl = strlen(top);
         bool found = false;
         uint64_t need = 0;
-        int r = 0;
+        /* a unit lives in a directory of its own runtime's, never at the root, never in the metadata */
+        size_t ml = strlen(KFS_META_DIR);
+        bool meta = !strncmp(top, KFS_META_DIR, ml) && (top[ml] == '/' || top[ml] == '\0');
+        int r = tl && !meta ? 0 : -EBADMSG;
         for (size_t i = 0; i < u->n && r == 0; i++) {
                 const char *p = u->files[i].path;
-                if (tl && (strncmp(p, top, tl) || p[tl] != '/'))
+                if (strncmp(p, top, tl) || p[tl] != '/')
                         r = -EBADMSG;
                 size_t pl = strlen(path);
                 found |= !strcmp(p, path) || (!strncmp(p, path, pl) && p[pl] == '/');
@@ -213,20 +218,37 @@ static int materialize(struct kfs *fs, const struct kfs_asker *a, const struct k
                 free(top);
                 return r;
         }
-        size_t skip = 0; /* the directories above the unit's exist already or are the asker's to make */
+        /* What this fetch wrote, to take back if a later member fails (F5: a whole entry or none). */
+        struct written { int dfd; const char *name; uint64_t ino; } *w = calloc(u->n, sizeof(*w));
+        size_t nw = 0;
+        if (!w)
+                r = -ENOMEM;
         for (size_t i = 0; i < u->n && r >= 0; i++) {
                 char *d = dir_part(u->files[i].path);
                 const char *base = strrchr(u->files[i].path, '/');
                 base = base ? base + 1 : u->files[i].path;
-                int dfd = d ? open_dir(fs, a, d, skip) : -ENOMEM;
+                int dfd = d ? open_dir(fs, a, d, 0) : -ENOMEM;
                 free(d);
                 if (dfd < 0) {
                         r = dfd;
                         break;
                 }
-                r = write_member(fs, a, dfd, base, &u->files[i]);
-                close(dfd);
+                uint64_t ino = 0;
+                r = write_member(fs, a, dfd, base, &u->files[i], &ino);
+                if (r == 1)
+                        w[nw++] = (struct written){ dfd, base, ino };
+                else
+                        close(dfd);
         }
+        for (size_t i = 0; i < nw; i++) {
+                struct stat ds;
+                if (r < 0 && fstat(w[i].dfd, &ds) == 0 && ktree_unlink_ino(&fs->tree, w[i].dfd, w[i].name, w[i].ino, 0) == 0) {
+                        kidx_del_dent(fs->idx, ds.st_ino, w[i].name);
+                        kidx_del_file(fs->idx, w[i].ino);
+                }
+                close(w[i].dfd);
+        }
+        free(w);
         kev_settle(fs, NULL, NULL, need);
         free(top);
         return r < 0 ? r : 0;
@@ -348,9 +370,11 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
 {
         struct kfs_remote *r = fs->remote;
         struct kfs_asker a;
-        if (!r || krt_is_kept_name(name) || krt_is_lock_name(name) || kfs_remote_asker(fs, req, dfd, &a) < 0)
-                return -ENOENT;
-        char *path = kfs_remote_relpath(fs, dfd, name);
+        bool asks = r && !krt_is_kept_name(name) && !krt_is_lock_name(name) && kfs_remote_asker(fs, req, dfd, &a) == 0;
+        char *path = asks ? kfs_remote_relpath(fs, dfd, name) : NULL;
+        /* Given back now, before the request may be parked (herd.c): once parked, it may be answered, and dir
+         * forgotten and freed, before this worker returns. */
+        kfs_inode_fd_put(fs, dir, dfd);
         if (!path)
                 return -ENOENT;
         int ret = -ENOENT;

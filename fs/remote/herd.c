@@ -15,6 +15,9 @@
  *      and a lookup of a name marked here is a miss at once: the process that holds the mark goes on
  *      (its second probe, the lookup of its rename's target), and another process here compiles too.
  *      One compile per cluster is one per node that misses first at once, at most.
+ *   H6 Only a mark that ends within herd_wait is waited for: one without a life (not a node's: written
+ *      by hand, or by a client the server's ACLs should have kept out) would hold every lookup of the
+ *      name for herd_wait, again and again.
  *   H5 A mark won is checked against the unit once more: a compile elsewhere may have been published (its
  *      unit stored, then its mark deleted) between our GET and our SET, and is then fetched, not done
  *      again. The publisher stores the unit before it deletes the marks, so a mark won after the
@@ -222,15 +225,30 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 if (rep && rep->type == REDIS_REPLY_STATUS)
                         ret = KFS_REMOTE_UNSURE; /* ours: this process compiles it (unless H5) */
                 else if (rep && rep->type == REDIS_REPLY_NIL)
-                        ret = KFS_REMOTE_PARKED; /* another node's: wait for its compile */
+                        ret = KFS_REMOTE_PARKED; /* another node's: wait for its compile (H6) */
                 if (rep)
                         freeReplyObject(rep);
+                if (ret == KFS_REMOTE_PARKED) { /* H6: only a mark a node made, which expires by itself */
+                        redisReply *t = c ? redisCommand(c, "PTTL %b", mark, strlen(mark)) : NULL;
+                        bool ours_like = t && t->type == REDIS_REPLY_INTEGER && t->integer > 0 &&
+                                         t->integer <= (long long)r->herd_ms;
+                        if (c && !t)
+                                kfs_remote_conn_failed(r, c);
+                        if (t)
+                                freeReplyObject(t);
+                        if (!ours_like)
+                                ret = KFS_REMOTE_UNSURE; /* a mark that never ends (not a node's): compile */
+                }
                 if (ret == KFS_REMOTE_UNSURE && c) { /* H5: a compile published between our GET and SET */
                         redisReply *again = kfs_remote_get(r, key, r->timeout_ms);
                         if (again && again->type == REDIS_REPLY_STRING) {
                                 int t = kfs_remote_take(fs, a, path, key, again);
-                                redisReply *d = redisCommand(c, "DEL %b", mark, strlen(mark)); /* ours: unneeded */
-                                if (d)
+                                /* take() may have dropped c (a failure): this thread's connection anew */
+                                redisContext *c2 = kfs_remote_conn(r, r->timeout_ms);
+                                redisReply *d = c2 ? redisCommand(c2, "DEL %b", mark, strlen(mark)) : NULL;
+                                if (c2 && !d)
+                                        kfs_remote_conn_failed(r, c2);
+                                if (d) /* ours, and nobody waits on it */
                                         freeReplyObject(d);
                                 freeReplyObject(again);
                                 free(mark);

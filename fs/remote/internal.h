@@ -20,7 +20,10 @@
 
 #define REMOTE_BACKOFF_MS 1000   /* after a failed connection, none is tried for this long */
 #define PUBLISH_QUIET_MS 500     /* a unit is published once nothing in it changed for this long */
-#define REMOTE_MAX_UNIT (256u << 20) /* larger units are not shared */
+/* A unit larger than this, all its files together, is not shared: publishing one holds it about three
+ * times over (the files, the value, hiredis's copy), and a root daemon must not be made to run out of
+ * memory by what one user stores. */
+#define REMOTE_MAX_UNIT (64u << 20)
 #define REMOTE_KEY_PREFIX "kcfs:1:u"
 
 struct kfs_remote {

@@ -116,7 +116,7 @@ static int read_member(struct kfs *fs, const char *path, struct krv_file *f, uns
         int fd = ktree_open_file(&fs->tree, KTREE_ROOT, path, O_RDONLY, 0);
         if (fd < 0)
                 return fd;
-        int r = fstat(fd, st) < 0 ? -errno : (uint64_t)st->st_size > REMOTE_MAX_UNIT ? -EFBIG : 0;
+        int r = fstat(fd, st) < 0 ? -errno : (uint64_t)st->st_size > REMOTE_MAX_UNIT ? -EAGAIN : 0; /* grew */
         *buf = r == 0 ? malloc(st->st_size ? (size_t)st->st_size : 1) : NULL;
         if (r == 0 && !*buf)
                 r = -ENOMEM;
@@ -147,6 +147,15 @@ static int read_member(struct kfs *fs, const char *path, struct krv_file *f, uns
 static int snapshot(struct kfs *fs, const struct kev_unit *u, struct snap *s)
 {
         memset(s, 0, sizeof(*s));
+        uint64_t total = 0; /* the whole unit's size first, before anything is read (REMOTE_MAX_UNIT) */
+        for (size_t i = 0; i < u->n; i++) {
+                struct stat st;
+                if (ktree_stat(&fs->tree, KTREE_ROOT, u->members[i], &st) < 0)
+                        return -EAGAIN; /* gone meanwhile */
+                total += (uint64_t)st.st_size;
+                if (total > REMOTE_MAX_UNIT)
+                        return -EFBIG;
+        }
         s->v.files = calloc(u->n, sizeof(*s->v.files));
         s->bufs = calloc(u->n, sizeof(*s->bufs));
         if (!s->v.files || !s->bufs) {

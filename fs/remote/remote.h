@@ -109,7 +109,9 @@ void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);
 
 /* A lookup of name in dir found nothing: asks the server. 0 if the name is there now (made from the
- * server's unit or directory), -ENOENT if not, KFS_REMOTE_UNSURE or KFS_REMOTE_PARKED (HERD). No lock held. */
+ * server's unit or directory), -ENOENT if not, KFS_REMOTE_UNSURE or KFS_REMOTE_PARKED (HERD; then req
+ * is answered by another thread, maybe before this returns: neither req nor dir may be used after).
+ * dfd, dir's descriptor borrowed with kfs_inode_fd(), is given back before it returns. No lock held. */
 int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
 /* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
  * another node may publish the name. */

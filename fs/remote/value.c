@@ -2,6 +2,7 @@
  * the server is untrusted: a server, or a user with write access to a namespace, may hand back any bytes,
  * so decode checks every length against what is left before it reads, and every checksum. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -138,6 +139,24 @@ void krv_free(struct krv_unit *u)
         memset(u, 0, sizeof(*u));
 }
 
+/* Whether path is among the first n files' paths, by its XXH64 in the open-addressed set seen (of cap
+ * slots, 0 free) first, by the strings only where two hashes meet: thousands of long paths are checked in
+ * linear time, not compared pairwise. path is added to the set. */
+static bool dup_path(const struct krv_file *files, size_t n, const char *path, uint64_t *seen, size_t cap)
+{
+        uint64_t h = XXH64(path, strlen(path), 0) | 1;
+        for (size_t s = h % cap;; s = (s + 1) % cap) {
+                if (!seen[s]) {
+                        seen[s] = h;
+                        return false;
+                }
+                if (seen[s] == h)
+                        for (size_t k = 0; k < n; k++)
+                                if (!strcmp(files[k].path, path))
+                                        return true;
+        }
+}
+
 int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
 {
         memset(u, 0, sizeof(*u));
@@ -149,6 +168,7 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
         if (XXH64(buf, len - 8, 0) != want)
                 return -EBADMSG;
         struct rbuf r = { buf, len - 8, 4 };
+        uint64_t *seen = NULL; /* the paths' hashes (dup_path) */
         uint64_t ver, rt, n, uid, t, nl;
         int e = 0;
         if ((e = get_u(&r, 1, &ver)) < 0)
@@ -166,7 +186,8 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
         if ((e = get_str(&r, nl, &u->node)) < 0)
                 goto fail;
         u->files = calloc(n, sizeof(*u->files));
-        if (!u->files) {
+        seen = calloc(2 * n, sizeof(*seen));
+        if (!u->files || !seen) {
                 e = -ENOMEM;
                 goto fail;
         }
@@ -182,11 +203,10 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
                         e = -EBADMSG;
                         goto fail;
                 }
-                for (size_t k = 0; k < i; k++)
-                        if (!strcmp(u->files[k].path, f->path)) {
-                                e = -EBADMSG; /* one path twice */
-                                goto fail;
-                        }
+                if (dup_path(u->files, i, f->path, seen, 2 * n)) {
+                        e = -EBADMSG; /* one path twice */
+                        goto fail;
+                }
                 f->mode = (uint32_t)mode;
                 f->size = size;
                 f->sum = sum;
@@ -208,8 +228,10 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
                 e = -EBADMSG; /* bytes nobody accounts for */
                 goto fail;
         }
+        free(seen);
         return 0;
 fail:
+        free(seen);
         krv_free(u);
         return e;
 }

@@ -567,3 +567,64 @@ def test_a_directory_made_from_the_server_lists_what_was_published_in_it(kfs, re
     assert os.listdir(b.path(d)) == ["entry.bin"]  # ...then its candidates, listed
     with open(b.path(d, "entry.bin"), "rb") as f:
         assert f.read() == b"graph" * 1000
+
+
+# ---------------------------------------------------------------- what a value or a user cannot make it do
+def encode(files, uid, rt=4, node=b"evil"):
+    """A unit as fs/remote/value.h lays it out: files is [(path, mode, bytes)], marker last."""
+    import struct
+    b = b"KCFS" + struct.pack("<BBHIQH", 1, rt, len(files), uid, 0, len(node)) + node
+    for p, mode, data in files:
+        p = p.encode()
+        b += struct.pack("<H", len(p)) + p + struct.pack("<IQQ", mode, len(data), xxh64(data))
+    for _, _, data in files:
+        b += data
+    return b + xxh64(b).to_bytes(8, "little")
+
+
+def test_a_unit_never_lands_at_the_root_or_in_the_metadata(kfs, redis):
+    """A value (checksums right: whoever can write the key made it) whose marker is at the mount root, with
+    a file for .kcachefs/ beside it: refused whole, nothing made (the reviewer's attack on the code before:
+    it planted a file beside index.db)."""
+    m = kfs({"max_size": "64M", "remote": redis.url, "remote_timeout_ms": "500"})
+    v = encode([(".kcachefs/planted", 0o644, b"X" * 100), ("probe", 0o644, b"P")], uid=os.getuid())
+    redis.cli("SET", f"kcfs:1:u{os.getuid()}:probe", stdin=v)
+    assert not os.path.exists(m.path("probe"))
+    assert not os.path.exists(os.path.join(m.backing, ".kcachefs", "planted"))
+    v = encode([(".kcachefs/x/planted", 0o644, b"X"), (".kcachefs/x/probe", 0o644, b"P")], uid=os.getuid())
+    redis.cli("SET", f"kcfs:1:u{os.getuid()}:probe2", stdin=v)
+    assert not os.path.exists(m.path("probe2"))
+    assert not os.path.exists(os.path.join(m.backing, ".kcachefs", "x"))
+
+
+def test_a_unit_larger_than_the_cap_is_not_published(kfs, redis):
+    """REMOTE_MAX_UNIT (64 MiB) holds for the unit's files together: three kernels of 30 MiB are not read
+    into the publisher at all (the reviewer's unit of 3 x 100 MiB took the root daemon to 1.2 GB)."""
+    a = node(kfs, redis, max_size="200M")
+    d = a.path("pocl", "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklm")
+    for k in ("k1", "k2", "k3"):
+        os.makedirs(os.path.join(d, k, "0-0-0"))
+        with open(os.path.join(d, k, "0-0-0", k + ".so"), "wb") as f:
+            f.write(b"\x7fELF" * (30 << 18))
+    with open(os.path.join(d, "program.bc"), "wb") as f:
+        f.write(b"BC" * 1000)
+    small = pocl_program(a.path("pocl"), "small")  # a unit after it still goes
+    marker = next(p for p in small if p.endswith("program.bc"))
+    wait_for(lambda: redis.cli("EXISTS", f"kcfs:1:u{os.getuid()}:pocl/{marker}").strip() == "1",
+             timeout=30, what="the small unit published")
+    assert num(a, "remote_bytes_out") < 16 << 20
+    assert redis.cli("EXISTS", f"kcfs:1:u{os.getuid()}:pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc").strip() == "0"
+
+
+def test_a_herd_mark_that_never_ends_holds_nobody(kfs, redis):
+    """A mark without a life (no node makes one: written by a client the ACLs should keep out) is not
+    waited for: on the code before, every lookup of the name waited herd_wait in full, again and again."""
+    m = node(kfs, redis, herd_wait="3")
+    d = m.path("pocl", "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklm")
+    os.makedirs(d)
+    redis.cli("SET", f"kcfsh:1:u{os.getuid()}:pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm/program.bc", "x")
+    t = time.monotonic()
+    for _ in range(3):
+        assert not os.path.exists(os.path.join(d, "program.bc"))
+    assert time.monotonic() - t < 1.5
+    assert num(m, "herd_waits") == 0
