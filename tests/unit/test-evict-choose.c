@@ -287,6 +287,11 @@ static void test_triton_keys_in_inductors_directory_go_whole(void)
         char want[PATH_MAX * 4];
         snprintf(want, sizeof(want), "inductor/fxgraph/ab/entry|%s,%s,%s", grp, json, cubin);
         CHECK_TAKES(take(&sc, UINT64_MAX, SIZE_MAX, NULL, false), want);
+        for (size_t i = 0; i < sc.fs.o.nlayouts; i++)
+                free(sc.fs.o.layouts[i].dir);
+        free(sc.fs.o.layouts);
+        sc.fs.o.layouts = NULL;
+        sc.fs.o.nlayouts = 0;
         scene_end(&sc);
 }
 
