@@ -403,15 +403,10 @@ static void *publisher_main(void *arg)
                                 next = due;
                         if (r->pub.stop)
                                 break;
-                        struct timespec ts;
-                        clock_gettime(CLOCK_MONOTONIC, &ts);
-                        int64_t wait = next - now;
-                        ts.tv_sec += wait / 1000000000;
-                        ts.tv_nsec += wait % 1000000000;
-                        if (ts.tv_nsec >= 1000000000) {
-                                ts.tv_sec++;
-                                ts.tv_nsec -= 1000000000;
-                        }
+                        /* the condition variable's clock is the realtime one (kfs_deadline_ms): a monotonic
+                         * deadline there is long past, and this thread spun a CPU whole */
+                        int64_t wait_ms = (next - now + 999999) / 1000000;
+                        struct timespec ts = kfs_deadline_ms(wait_ms < 1 ? 1 : wait_ms > 1000 ? 1000 : (unsigned)wait_ms);
                         pthread_cond_timedwait(&r->pub.cond, &r->pub.lock, &ts);
                         continue;
                 }

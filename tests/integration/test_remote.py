@@ -628,3 +628,16 @@ def test_a_herd_mark_that_never_ends_holds_nobody(kfs, redis):
         assert not os.path.exists(os.path.join(d, "program.bc"))
     assert time.monotonic() - t < 1.5
     assert num(m, "herd_waits") == 0
+
+
+def test_an_idle_node_costs_no_cpu(kfs, redis):
+    """The publisher and the herd sleep until there is work: a condition variable waited on with a deadline
+    on the wrong clock made the publisher spin a whole CPU on every mount with a remote."""
+    a = node(kfs, redis)
+    pocl_program(a.path("pocl"), "idle")
+    published(a)
+    ticks = lambda: sum(int(x) for x in open(f"/proc/{a.pid()}/stat").read().rsplit(")", 1)[1].split()[11:13])
+    before, t0 = ticks(), time.monotonic()
+    time.sleep(2)
+    used = (ticks() - before) / os.sysconf("SC_CLK_TCK")
+    assert used < 0.2 * (time.monotonic() - t0), f"the daemon used {used:.2f} s of CPU in 2 s idle"
