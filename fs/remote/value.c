@@ -185,6 +185,10 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
         u->time_ns = t;
         if ((e = get_str(&r, nl, &u->node)) < 0)
                 goto fail;
+        if (memchr(u->node, '\0', nl)) {
+                e = -EBADMSG; /* a name with a NUL in it: not what any node encodes (the fuzzer found it) */
+                goto fail;
+        }
         u->files = calloc(n, sizeof(*u->files));
         seen = calloc(2 * n, sizeof(*seen));
         if (!u->files || !seen) {

@@ -99,6 +99,22 @@ int main(void)
         const char *good[] = { "a", "a/b", "a/.b", "..a", "a/..b/c" };
         for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
                 CHECK(krv_path_ok(good[i], strlen(good[i])));
+        /* a node name with a NUL in it (the fuzzer's find: it decoded, and did not encode back the same) */
+        struct krv_file one = { .path = "a/bc", .mode = 0644, .size = 0, .data = (const unsigned char *)"" };
+        struct krv_unit nu = { .rt = 4, .n = 1, .files = &one, .node = "nXXe5" };
+        size_t nl;
+        unsigned char *nv = krv_encode(&nu, &nl);
+        CHECK(nv != NULL);
+        if (nv) {
+                CHECK_EQ(krv_decode(nv, nl, &u), 0);
+                krv_free(&u);
+                nv[4 + 1 + 1 + 2 + 4 + 8 + 2 + 2] = 0; /* the node's third byte */
+                uint64_t nsum = XXH64(nv, nl - 8, 0);
+                for (int i = 0; i < 8; i++)
+                        nv[nl - 8 + (size_t)i] = (unsigned char)(nsum >> (8 * i));
+                CHECK_EQ(krv_decode(nv, nl, &u), -EBADMSG);
+                free(nv);
+        }
         /* one path twice: refused on decode */
         struct krv_file two[] = { { .path = "a", .size = 1, .data = (const unsigned char *)"x" },
                                   { .path = "a", .size = 1, .data = (const unsigned char *)"y" } };
