@@ -17,8 +17,8 @@ struct wbuf {
 
 static void put(struct wbuf *w, const void *src, size_t n)
 {
-        if (w->err)
-                return;
+        if (w->err || n == 0)
+                return; /* nothing, maybe from NULL (a unit without a node name): memcpy may not see it */
         if (w->len + n > w->cap) {
                 size_t cap = w->cap ? w->cap : 256;
                 while (cap < w->len + n)
