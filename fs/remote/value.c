@@ -63,7 +63,7 @@ unsigned char *krv_encode(const struct krv_unit *u, size_t *len)
 {
         struct wbuf w = { 0 };
         size_t nl = u->node ? strlen(u->node) : 0;
-        if (u->n > KRV_MAX_FILES || nl > 255)
+        if (u->n > KRV_MAX_FILES || nl > KRV_MAX_NODE)
                 return NULL;
         put(&w, KRV_MAGIC, 4);
         put_u(&w, KRV_VERSION, 1);
@@ -178,8 +178,8 @@ int krv_decode(const unsigned char *buf, size_t len, struct krv_unit *u)
         if ((e = get_u(&r, 1, &rt)) < 0 || (e = get_u(&r, 2, &n)) < 0 || (e = get_u(&r, 4, &uid)) < 0 ||
             (e = get_u(&r, 8, &t)) < 0 || (e = get_u(&r, 2, &nl)) < 0)
                 return e;
-        if (n == 0 || n > KRV_MAX_FILES)
-                return -EBADMSG;
+        if (n == 0 || n > KRV_MAX_FILES || nl > KRV_MAX_NODE)
+                return -EBADMSG; /* exactly what krv_encode makes: no more */
         u->rt = (uint8_t)rt;
         u->uid = (uint32_t)uid;
         u->time_ns = t;

@@ -20,6 +20,7 @@
 #define KRV_VERSION 1
 #define KRV_MAX_FILES 4096
 #define KRV_MAX_PATH 4096
+#define KRV_MAX_NODE 255
 
 struct krv_file {
         char *path;               /* relative, no "." or ".." component, no empty one */
