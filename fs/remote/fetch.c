@@ -25,13 +25,6 @@
 #include "internal.h"
 #include "value.h"
 
-static int64_t mono_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 double kfs_remote_negative_timeout(const struct kfs *fs, double timeout)
 {
         return fs->remote && fs->remote->negative_s < timeout ? fs->remote->negative_s : timeout;
@@ -42,7 +35,7 @@ bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h)
 {
         pthread_mutex_lock(&r->neg_lock);
         void *v = kmap_get(&r->neg, h);
-        bool yes = v && (int64_t)(uintptr_t)v > mono_ns();
+        bool yes = v && (int64_t)(uintptr_t)v > kfs_remote_mono_ns();
         if (v && !yes)
                 kmap_del(&r->neg, h);
         pthread_mutex_unlock(&r->neg_lock);
@@ -56,7 +49,7 @@ void kfs_remote_remember(struct kfs_remote *r, uint64_t h)
                 kmap_free(&r->neg);
                 kmap_init(&r->neg);
         }
-        (void)kmap_put(&r->neg, h, (void *)(uintptr_t)(mono_ns() + (int64_t)(r->negative_s * 1e9)));
+        (void)kmap_put(&r->neg, h, (void *)(uintptr_t)(kfs_remote_mono_ns() + (int64_t)(r->negative_s * 1e9)));
         pthread_mutex_unlock(&r->neg_lock);
 }
 

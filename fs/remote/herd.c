@@ -51,13 +51,6 @@ struct herd_wait {
         struct herd_wait *next;
 };
 
-static int64_t mono_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 char *kfs_remote_herd_key(const char *key)
 {
         char *k;
@@ -127,7 +120,7 @@ static void *herd_main(void *arg)
                 struct herd_wait *all = r->herd.list;
                 r->herd.list = NULL;
                 pthread_mutex_unlock(&r->herd.lock);
-                int64_t now = mono_ns();
+                int64_t now = kfs_remote_mono_ns();
                 struct herd_wait *keep = NULL;
                 while (all) {
                         struct herd_wait *w = all;
@@ -179,7 +172,7 @@ static void remember_mine(struct kfs_remote *r, uint64_t h, pid_t tgid, int64_t 
         m->until_ns = until_ns;
         pthread_mutex_lock(&r->herd.lock);
         if (r->herd.mine.count > 4096) { /* the ended ones go */
-                int64_t now = mono_ns();
+                int64_t now = kfs_remote_mono_ns();
                 kmap keep;
                 kmap_init(&keep);
                 size_t pos = 0;
@@ -209,7 +202,7 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 return -ENOENT;
         pid_t tgid = kfs_tgid_of(fuse_req_ctx(req)->pid);
         uint64_t h = kfs_remote_hash(0, mark);
-        int64_t now = mono_ns();
+        int64_t now = kfs_remote_mono_ns();
         int ret = -ENOENT;
         pthread_mutex_lock(&r->herd.lock);
         struct herd_mine *m = kmap_get(&r->herd.mine, h);
@@ -275,7 +268,7 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
         w->key = key;
         w->mark = mark;
         w->asker = *a;
-        w->deadline_ns = mono_ns() + (int64_t)r->herd_ms * 1000000;
+        w->deadline_ns = kfs_remote_mono_ns() + (int64_t)r->herd_ms * 1000000;
         pthread_mutex_lock(&fs->itable_lock);
         dir->nlookup++; /* H2 */
         pthread_mutex_unlock(&fs->itable_lock);

@@ -92,17 +92,23 @@ void kfs_remote_conn_failed(struct kfs_remote *r, redisContext *c);
 void kfs_remote_conn_init(struct kfs_remote *r);
 void kfs_remote_conn_free(struct kfs_remote *r);
 
+/* The monotonic clock, in ns: back-offs, deadlines, remembered misses, publication and herd times. */
+int64_t kfs_remote_mono_ns(void);
 uint64_t kfs_remote_hash(uint32_t uid, const char *path);
 /* "kcfs:1:u<uid>:<path>", malloc'ed. */
 char *kfs_remote_key(uint32_t uid, const char *path);
 /* "kcfsl:1:u<uid>:<dir>": the names of unit members published directly in dir (LISTINGS), malloc'ed. */
 char *kfs_remote_list_key(uint32_t uid, const char *dir);
 #define REMOTE_LIST_MAX 16        /* a directory made from the server gets its members if it has this few */
-/* The path of name in the directory open as dfd, relative to the backing root; malloc'ed, or NULL
- * (outside it: the directory was removed, or it is the metadata directory). */
+/* The path of name in the directory open as dfd (name NULL: of what dfd is open on), relative to the
+ * backing root; malloc'ed, or NULL (outside it: removed, or in the metadata directory). */
 char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name);
 /* Whether units of rt are shared (SHAREABLE). */
 bool kfs_remote_shareable(int rt);
+/* The runtime a unit is shared as: its recogniser's, or, for a file no recogniser knew, the runtime its
+ * directory is marked or laid out as (a libkcache entry, Inductor's FX graph, CuPy's kernels). */
+struct kev_unit;
+int kfs_remote_unit_rt(const struct kev_unit *u);
 
 /* fetch.c */
 /* The asker of req, in directory dfd: -EACCES where it is not theirs (F1). */

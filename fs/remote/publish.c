@@ -29,13 +29,6 @@ struct pub_item {
 
 #define PUBLISH_TRIES 40          /* then it is left: noted again at its next write */
 
-static int64_t mono_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 static void note_path(struct kfs *fs, char *path, unsigned tries)
 {
         struct kfs_remote *r = fs->remote;
@@ -58,7 +51,7 @@ static void note_path(struct kfs *fs, char *path, unsigned tries)
                 }
         }
         if (it) {
-                it->due_ns = mono_ns() + (int64_t)PUBLISH_QUIET_MS * 1000000;
+                it->due_ns = kfs_remote_mono_ns() + (int64_t)PUBLISH_QUIET_MS * 1000000;
                 it->tries = tries;
         }
         pthread_cond_signal(&r->pub.cond);
@@ -70,20 +63,12 @@ void kfs_remote_note_fd(struct kfs *fs, int fd)
 {
         if (!fs->remote || fd < 0)
                 return;
-        /* the file's own path, as the backing has it now */
-        char link[64], buf[PATH_MAX];
-        snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
-        ssize_t n = readlink(link, buf, sizeof(buf) - 1);
-        if (n <= 0)
-                return;
-        buf[n] = '\0';
-        size_t bl = strlen(fs->o.backing);
-        if (strncmp(buf, fs->o.backing, bl) || buf[bl] != '/' || strstr(buf, " (deleted)"))
-                return;
-        const char *rel = buf + bl + 1;
-        if (!strncmp(rel, KFS_META_DIR "/", strlen(KFS_META_DIR) + 1))
-                return;
-        note_path(fs, strdup(rel), 0);
+        char *rel = kfs_remote_relpath(fs, fd, NULL); /* the file's own path, as the backing has it now */
+        if (rel && !*rel) {
+                free(rel); /* the root itself: no file */
+                rel = NULL;
+        }
+        note_path(fs, rel, 0);
 }
 
 void kfs_remote_note_name(struct kfs *fs, int dfd, const char *name)
@@ -263,6 +248,11 @@ static bool grew(redisContext *c, const char *key, size_t len)
         return yes;
 }
 
+int kfs_remote_unit_rt(const struct kev_unit *u)
+{
+        return u->rt != KRT_FILE ? (int)u->rt : (int)u->forced;
+}
+
 /* One noted path: its unit published if it is whole, quiet and not yet on the server. Returns -EAGAIN
  * to be tried again later. */
 static int publish_one(struct kfs *fs, const char *path)
@@ -272,7 +262,7 @@ static int publish_one(struct kfs *fs, const char *path)
         int e = kev_unit_resolve(fs, path, &u);
         if (e < 0)
                 return 0;
-        int rt = u.rt != KRT_FILE ? (int)u.rt : (int)u.forced;
+        int rt = kfs_remote_unit_rt(&u);
         if (!kfs_remote_shareable(rt) || u.n == 0) {
                 kev_unit_free(&u);
                 return 0;
@@ -379,7 +369,7 @@ static void *publisher_main(void *arg)
         struct kfs_remote *r = fs->remote;
         pthread_mutex_lock(&r->pub.lock);
         while (!r->pub.stop) {
-                int64_t now = mono_ns(), next = now + 1000000000;
+                int64_t now = kfs_remote_mono_ns(), next = now + 1000000000;
                 struct pub_item *ready = NULL;
                 uint64_t rk = 0;
                 size_t pos = 0;

@@ -51,9 +51,8 @@ static char *unit_key_of(struct kfs *fs, uint64_t bino)
         free(f.name);
         struct kev_unit u;
         if (path && kev_unit_resolve(fs, path, &u) == 0) {
-                int rt = u.rt != KRT_FILE ? (int)u.rt : (int)u.forced;
                 struct stat st;
-                if (kfs_remote_shareable(rt) && u.n && ktree_stat(&fs->tree, KTREE_ROOT, u.members[0], &st) == 0)
+                if (kfs_remote_shareable(kfs_remote_unit_rt(&u)) && u.n && ktree_stat(&fs->tree, KTREE_ROOT, u.members[0], &st) == 0)
                         key = kfs_remote_key(st.st_uid, u.members[0]);
                 kev_unit_free(&u);
         }
