@@ -5,8 +5,9 @@
 # Debian's fusermount3, mergerfs and bindfs with their libraries (that machine has none of them).
 # bench/run wants a real disk, not tmpfs: the data lives on a fresh ext4 loop image, sparse, in /var/tmp
 # (16 GiB: mergerfs refuses to create below its minfreespace, 4 GiB by default). bench/run's own build step
-# is answered by a no-op ninja, since the carried binaries are the build. The table goes to $OUT/RESULTS-host.md (the device tool's folder that comes back) and to stdout,
-# with the CPU, core count and kernel that bench/run prints.
+# is answered by a no-op ninja, since the carried binaries are the build. The table goes to
+# $OUT/RESULTS-host.md (the device tool's folder that comes back) and to stdout, with the CPU, core count and
+# kernel that bench/run prints.
 set -eu
 C=$(cd "${1:-.devcarry}" && pwd)
 RUNS=${2:-5}
