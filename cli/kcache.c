@@ -197,7 +197,7 @@ static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
                 "remote_corrupt", "remote_dirs", "remote_publishes", "remote_published_before", "remote_touches",
                 "remote_bytes_in", "remote_bytes_out", "herd_waits", "herd_served", "herd_gave_up",
                 "remote_server_used_bytes", "remote_server_max_bytes", "remote_server_evicted_keys",
-                "remote_server_keys", "remote_server_seen_ns",
+                "remote_server_keys", "remote_server_seen_ns", "remote_trusted_hits",
         };
         unsigned uid = (unsigned)getuid();
         char ns[64];
@@ -354,6 +354,9 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                                kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"),
                                kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"),
                                kc_num(mount, "remote_touches"));
+                        if (kc_num(mount, "remote_trusted_hits"))
+                                printf("trusted     %" PRIu64 " of the units fetched came from trusted publishers\n",
+                                       kc_num(mount, "remote_trusted_hits"));
                         if (kc_num(mount, "herd_waits"))
                                 printf("herd        %" PRIu64 " lookups waited for another's compile: %" PRIu64
                                        " got it, %" PRIu64 " compiled after all\n", kc_num(mount, "herd_waits"),

@@ -1,0 +1,163 @@
+"""Trusted publishers on the shared tier (docs/remote.md, Trust; fs/remote/remote.h, TRUST): a mount with
+-o remote_publish=NAME stores its units in the publisher's namespace kcfs:1:p:NAME:, readers with
+-o remote_trusted=NAME look there after their own namespace, and the server's ACLs (the shipped
+contrib/redis/kcachefs-users.acl, on a real redis-server) let the nodes read it and nobody but the
+publisher's ACL user write it. Several mounts on this machine play the nodes (test_remote.py)."""
+import errno
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import ensure_user, wait_for
+from test_cli_kcache import kcache
+from test_remote import (LOAD, STORE, acl_redis, auth_file, node, num, pocl_program, published,  # noqa: F401
+                         redis)
+from test_security_multiuser import as_user
+
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs Debian's redis-server")
+
+UNIT = "pocl/ab/cdefghijklmnopqrstuvwxyzabcdefghijklm"  # STORE's and LOAD's program, below a user's home
+STORE_OVER = STORE.replace("'1-1-1'))", "'1-1-1'), exist_ok=True)")  # over what is there
+assert STORE_OVER != STORE
+
+
+def shared(kfs, r, **opts):
+    """A node shared by every user (root's daemon, allow_other), as test_remote.shared_node, with options."""
+    o = {"allow_other": True, "default_permissions": True, "max_size": "64M", "remote": r.url,
+         "remote_timeout_ms": "500"}
+    o.update(opts)
+    m = kfs(o)
+    os.chmod(m.mnt, 0o1777)
+    return m
+
+
+def cli_as(r, user, password, *args):
+    p = subprocess.run(["redis-cli", "-s", r.sock, "--user", user, "--pass", password, "--no-auth-warning", *args],
+                       capture_output=True, text=True, timeout=30)
+    return p.stdout + p.stderr
+
+
+def keys(r):
+    return r.cli("KEYS", "*").split()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_a_publishers_units_are_loaded_by_every_user_and_another_users_never(kfs, acl_redis, workdir):
+    d, _ = workdir
+    ci, alice, bob = ensure_user("kcfs-ci"), ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
+    nodes = auth_file(d, "kcachefs nodes-secret")
+    # the CI account compiles on its node, whose mount publishes with the publisher's ACL user
+    pub = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "publisher-ci ci-secret"))
+    assert as_user(ci, STORE, pub.mnt, "ci's kernel") == 0
+    published(pub)
+    k = keys(acl_redis)
+    assert k and all(x.split(":")[:4] in (["kcfs", "1", "p", "ci"], ["kcfsl", "1", "p", "ci"]) for x in k), k
+    # its paths are relative to the CI account's own directory: any user's lookup in theirs finds them
+    assert f"kcfs:1:p:ci:{UNIT}/program.bc" in k, k
+    assert num(pub, "remote_errors") == 0
+    # two users on another node, each in their own directory: both load it, compiling nothing
+    a = shared(kfs, acl_redis, remote_trusted="ci", remote_auth=nodes, remote_touch_s="0.2")
+    for u in (alice, bob):
+        assert as_user(u, LOAD, a.mnt, "ci's kernel") == 0, u.pw_name
+        unit = a.path("users", str(u.pw_uid), UNIT)
+        for rel in ("program.bc", "last_accessed", "k/1-1-1/k.so", "k/1-1-1", "k"):
+            assert os.lstat(os.path.join(unit, rel)).st_uid == u.pw_uid, rel  # files of the user's own
+    assert num(a, "remote_hits") == 2 and num(a, "remote_trusted_hits") == 2
+    assert "2 of the units fetched came from trusted publishers" in kcache("stats", a.mnt).stdout
+    # the reader's touches reach the publisher's keys (TOUCH is a read to the ACLs), refused nowhere
+    wait_for(lambda: num(a, "remote_touches") >= 1, timeout=20, what="the trusted unit touched")
+    assert num(a, "remote_errors") == 0
+    # Bob stores his own compile at the same place on that node: into his namespace, never the publisher's
+    assert as_user(bob, STORE_OVER, a.mnt, "bob's kernel") == 0
+    wait_for(lambda: num(a, "remote_publishes") >= 1, timeout=20, what="bob's unit published")
+    assert any(x.startswith(f"kcfs:1:u{bob.pw_uid}:users/{bob.pw_uid}/{UNIT}") for x in keys(acl_redis))
+    assert b"ci's kernel" in acl_redis.cli("GET", f"kcfs:1:p:ci:{UNIT}/program.bc", raw=True)
+    # Alice, on a third node, trusting the publisher too, gets the publisher's unit and never Bob's
+    b = shared(kfs, acl_redis, remote_trusted="ci", remote_auth=nodes)
+    assert as_user(alice, LOAD, b.mnt, "ci's kernel") == 0
+    assert num(b, "remote_trusted_hits") == 1
+    assert not any(x.startswith(f"kcfs:1:u{alice.pw_uid}:") for x in keys(acl_redis))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_a_node_cannot_write_a_publishers_namespace(kfs, acl_redis, workdir):
+    """A node's credentials with remote_publish=: the server refuses every write (NOPERM), which is a counted
+    error and never the application's; and the same refusals straight from redis-cli."""
+    d, _ = workdir
+    bob = ensure_user("kcfs-bob")
+    rogue = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "kcachefs nodes-secret"))
+    assert as_user(bob, STORE, rogue.mnt, "bob's kernel") == 0
+    wait_for(lambda: num(rogue, "remote_errors") >= 1, timeout=20, what="the refused publish counted")
+    assert num(rogue, "remote_publishes") == 0
+    assert acl_redis.cli("DBSIZE").strip() == "0"
+    assert as_user(bob, LOAD, rogue.mnt, "bob's kernel") == 0  # the local tier as without a remote
+    node_cli = lambda *a: cli_as(acl_redis, "kcachefs", "nodes-secret", *a)
+    for cmd in (["SET", f"kcfs:1:p:ci:{UNIT}/program.bc", "x"], ["DEL", f"kcfs:1:p:ci:{UNIT}/program.bc"],
+                ["SADD", f"kcfsl:1:p:ci:{UNIT}", "program.bc"], ["SET", f"kcfsh:1:p:ci:{UNIT}/program.bc", "n"]):
+        assert "NOPERM" in node_cli(*cmd), cmd
+    # what a node may do there: read and touch
+    assert "NOPERM" not in node_cli("GET", f"kcfs:1:p:ci:{UNIT}/program.bc")
+    assert node_cli("TOUCH", f"kcfs:1:p:ci:{UNIT}/program.bc").strip() == "0"
+    # and the publisher writes its own namespace only
+    ci_cli = lambda *a: cli_as(acl_redis, "publisher-ci", "ci-secret", *a)
+    assert "NOPERM" in ci_cli("SET", f"kcfs:1:u{bob.pw_uid}:users/{bob.pw_uid}/{UNIT}/program.bc", "x")
+    assert "NOPERM" in ci_cli("SET", f"kcfs:1:p:other:{UNIT}/program.bc", "x")
+    assert acl_redis.cli("DBSIZE").strip() == "0"
+
+
+def get_calls(r):
+    for line in r.cli("INFO", "commandstats").splitlines():
+        if line.startswith("cmdstat_get:"):
+            return int(line.split("calls=")[1].split(",")[0])
+    return 0
+
+
+def test_the_own_namespace_first_then_the_trusted_in_order_each_miss_remembered(kfs, redis):
+    pub = node(kfs, redis, remote_publish="ci")  # a publisher's own mount (one user's, not shared)
+    # readers (made first: their pocl/ would come from the server once it is there)
+    b, own, c = node(kfs, redis, remote_trusted="nothing:ci"), node(kfs, redis), node(kfs, redis, remote_trusted="ci")
+    files = pocl_program(pub.path("pocl"), "k-ci")
+    published(pub)
+    assert all(":p:ci:" in k for k in keys(redis)), keys(redis)
+    marker = next(p for p in files if p.endswith("program.bc"))
+    # a reader trusting a publisher with nothing, then ci: ci's unit, whole
+    for rel, data in files.items():
+        with open(os.path.join(b.path("pocl"), rel), "rb") as f:
+            assert f.read() == data, rel
+    assert num(b, "remote_hits") == 1 and num(b, "remote_trusted_hits") == 1
+    assert "p:nothing" not in " ".join(keys(redis))  # read, never written
+    # the user's own unit at the same place comes before the publisher's
+    pocl_program(own.path("pocl"), "k-ci", kernels=("mine",))
+    published(own)
+    assert os.path.exists(os.path.join(c.path("pocl"), marker))
+    unit = os.path.dirname(os.path.join(c.path("pocl"), marker))
+    assert "mine" in os.listdir(unit) and "vadd" not in os.listdir(unit)  # a listing looks nothing up
+    assert num(c, "remote_hits") == 1 and num(c, "remote_trusted_hits") == 0
+    # a name that is nowhere: one GET per namespace, then none for remote_negative_s
+    missing = os.path.join(c.path("pocl"), "zz", "nothing-here")
+    before, calls = num(c, "remote_misses"), get_calls(redis)
+    assert not os.path.exists(missing)
+    assert get_calls(redis) - calls == 2  # zz in the own namespace and in ci's; zz/... is never asked
+    calls = get_calls(redis)
+    for _ in range(10):
+        subprocess.run(["stat", missing], capture_output=True, timeout=30)
+    assert get_calls(redis) == calls
+    assert num(c, "remote_misses") == before + 1
+
+
+@pytest.mark.parametrize("opts,why", [({"remote_publish": "CI"}, "invalid remote_publish"),
+                                      ({"remote_publish": "a" * 33}, "invalid remote_publish"),
+                                      ({"remote_trusted": "ci::admin"}, "invalid remote_trusted"),
+                                      ({"remote_trusted": ":".join("n%d" % i for i in range(9))}, "invalid remote_trusted"),
+                                      ({"remote_trusted": "ci", "remote": None}, "remote_trusted= needs remote=")])
+def test_bad_publisher_names_are_refused_at_mount(kfs, redis, opts, why):
+    o = {"remote": redis.url}
+    o.update(opts)
+    if o["remote"] is None:
+        del o["remote"]
+    m = kfs(o, start=False)
+    p = m.start(check=False)
+    assert p.returncode != 0 and why in p.stderr, p.stderr
+    assert not os.path.ismount(m.mnt)
