@@ -20,6 +20,7 @@
  *                      remote_server_used_bytes, remote_server_max_bytes, remote_server_evicted_keys,
  *                      remote_server_keys, remote_server_seen_ns (the server's INFO at the last touches),
  *                      remote_bytes_in, remote_bytes_out, remote_trusted_hits (remote/remote.h),
+ *                      remote_namespaces (the caller's, in the order its lookups ask them),
  *                      stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
@@ -258,6 +259,8 @@ int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
         char rel[4096];
         if (in == &fs->root && !strcmp(n, "home"))
                 r = kfs_users_home(req, fs, buf, size); /* the caller's own directory, made on first use */
+        else if (in == &fs->root && !strcmp(n, "remote_namespaces")) /* the caller's, in lookup order */
+                r = kfs_remote_namespaces(fs, fuse_req_ctx(req)->uid, buf, size);
         else if (in == &fs->root)
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))

@@ -157,6 +157,21 @@ void kfs_remote_zero(struct kfs *fs)
                 atomic_store(all[i], 0);
 }
 
+int kfs_remote_namespaces(const struct kfs *fs, uid_t uid, char *buf, size_t size)
+{
+        const struct kfs_remote *r = fs->remote;
+        if (!r)
+                return -ENODATA;
+        struct kfs_remote_ns ns;
+        kfs_remote_own_ns(r, geteuid() == 0 ? uid : geteuid(), "", &ns); /* as kfs_remote_asker */
+        int n = snprintf(buf, size, REMOTE_KEY_PREFIX "%s:", ns.s);
+        for (unsigned i = 0; n >= 0 && i < r->ntrusted; i++)
+                if (strcmp(r->trusted[i], r->publish))
+                        n += snprintf(buf + ((size_t)n < size ? (size_t)n : size), (size_t)n < size ? size - (size_t)n : 0,
+                                      " " REMOTE_KEY_PREFIX "%s:", r->trusted[i]);
+        return n;
+}
+
 const char *kfs_remote_where(const struct kfs *fs)
 {
         return fs->remote ? fs->remote->where : NULL;

@@ -144,6 +144,10 @@ void kfs_remote_touch(struct kfs *fs, uint64_t bino);
 void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c);
 /* kcache zero: the counters back to 0. */
 void kfs_remote_zero(struct kfs *fs);
+/* The namespaces a lookup of uid's asks, in order, as key prefixes separated by spaces ("kcfs:1:u1000:
+ * kcfs:1:p:ci:"): the first is where uid's entries are published from this mount. snprintf's return;
+ * -ENODATA when off. */
+int kfs_remote_namespaces(const struct kfs *fs, uid_t uid, char *buf, size_t size);
 /* "redis://host:port/db" or "unix:/path", as in use; NULL when off. */
 const char *kfs_remote_where(const struct kfs *fs);
 

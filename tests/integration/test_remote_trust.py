@@ -3,7 +3,7 @@
 -o remote_trusted=NAME look there after their own namespace, and the server's ACLs (the shipped
 contrib/redis/kcachefs-users.acl, on a real redis-server) let the nodes read it and nobody but the
 publisher's ACL user write it. Several mounts on this machine play the nodes (test_remote.py)."""
-import errno
+import json
 import os
 import shutil
 import subprocess
@@ -135,6 +135,12 @@ def test_the_own_namespace_first_then_the_trusted_in_order_each_miss_remembered(
     unit = os.path.dirname(os.path.join(c.path("pocl"), marker))
     assert "mine" in os.listdir(unit) and "vadd" not in os.listdir(unit)  # a listing looks nothing up
     assert num(c, "remote_hits") == 1 and num(c, "remote_trusted_hits") == 0
+    # kcache remote names the namespaces a lookup asks, in order
+    out = kcache("remote", b.mnt).stdout
+    assert f"namespace   kcfs:1:u{os.getuid()}:*" in out and "trusted     kcfs:1:p:nothing: kcfs:1:p:ci: " in out, out
+    assert "namespace   kcfs:1:p:ci:* (a trusted publisher's" in kcache("remote", pub.mnt).stdout
+    j = json.loads(kcache("remote", "--json", b.mnt).stdout)
+    assert j["namespace"] == f"kcfs:1:u{os.getuid()}:" and j["trusted"] == ["kcfs:1:p:nothing:", "kcfs:1:p:ci:"], j
     # a name that is nowhere: one GET per namespace, then none for remote_negative_s
     missing = os.path.join(c.path("pocl"), "zz", "nothing-here")
     before, calls = num(c, "remote_misses"), get_calls(redis)
