@@ -75,8 +75,8 @@
  *     (stat's size, O_EXCL's EEXIST, a read of nothing), and runtimes act on that: no;
  *   - waiting a short while before answering buys nothing: the compile's first store blocks in the
  *     kernel, never reaching the daemon, so nothing here can tell it is under way.
- *   Runtimes that lock their own entries (SYCL's <n>.lock, PyOpenCL's cache lock, Inductor's FileLock:
- *   flock waits hold no directory lock) compile once per node already. For PoCL, Triton and JAX the
+ *   A runtime that holds a lock of its own across its lookup and its compile compiles once per node
+ *   already (a process waiting in flock holds no directory lock). For PoCL, Triton and JAX the
  *   safe place is outside the lookup: a wait asked by the runtime's side (libkcache, the OpenCL layer)
  *   through an xattr of the mount root, which holds no lock of the entry's directory (getxattr takes
  *   none), answered by the herd thread as a parked lookup is.
