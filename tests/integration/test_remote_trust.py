@@ -167,3 +167,13 @@ def test_bad_publisher_names_are_refused_at_mount(kfs, redis, opts, why):
     p = m.start(check=False)
     assert p.returncode != 0 and why in p.stderr, p.stderr
     assert not os.path.ismount(m.mnt)
+
+
+def test_a_bad_value_in_a_trusted_namespace_is_a_counted_miss_and_left_there(kfs, redis):
+    """A reader only reads a publisher's namespace: a value there that does not check is counted and
+    remembered, never deleted (the server's ACLs would refuse it; the publisher mends its own)."""
+    c = node(kfs, redis, remote_trusted="ci")
+    redis.cli("SET", "kcfs:1:p:ci:pocl/zz", "not a unit")
+    assert not os.path.exists(os.path.join(c.path("pocl"), "zz"))
+    assert num(c, "remote_corrupt") == 1 and num(c, "remote_hits") == 0
+    assert redis.cli("GET", "kcfs:1:p:ci:pocl/zz").strip() == "not a unit"
