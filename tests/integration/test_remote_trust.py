@@ -177,3 +177,16 @@ def test_a_bad_value_in_a_trusted_namespace_is_a_counted_miss_and_left_there(kfs
     assert not os.path.exists(os.path.join(c.path("pocl"), "zz"))
     assert num(c, "remote_corrupt") == 1 and num(c, "remote_hits") == 0
     assert redis.cli("GET", "kcfs:1:p:ci:pocl/zz").strip() == "not a unit"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the prolog mounts as root")
+def test_the_job_prolog_passes_the_trusted_publishers(workdir, redis):
+    from conftest import ROOT, kcachefs_bin
+    d, cleanup = workdir
+    env = dict(os.environ, KCACHEFS_BACKING=os.path.join(d, "node", "pb"), KCACHEFS_MOUNT=os.path.join(d, "pm"),
+               KCACHEFS_BIN=os.path.abspath(kcachefs_bin()), KCACHEFS_OPTIONS="max_size=1G,allow_other",
+               KCACHEFS_REMOTE=redis.url, KCACHEFS_REMOTE_TRUSTED="ci:admin")
+    cleanup.insert(0, env["KCACHEFS_MOUNT"])
+    subprocess.run([os.path.join(ROOT, "contrib", "hpc", "prolog-kcachefs.sh")], env=env, check=True)
+    out = kcache("remote", env["KCACHEFS_MOUNT"]).stdout
+    assert "trusted     kcfs:1:p:ci: kcfs:1:p:admin: " in out, out
