@@ -190,3 +190,46 @@ def test_the_job_prolog_passes_the_trusted_publishers(workdir, redis):
     subprocess.run([os.path.join(ROOT, "contrib", "hpc", "prolog-kcachefs.sh")], env=env, check=True)
     out = kcache("remote", env["KCACHEFS_MOUNT"]).stdout
     assert "trusted     kcfs:1:p:ci: kcfs:1:p:admin: " in out, out
+
+
+CLK = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "build", "tests",
+                   "clkernels")
+
+
+def clk_as(u, cache, first, count):
+    """build/tests/clkernels as user u, with PoCL's cache in cache: PoCL's trace."""
+    p = subprocess.run(["runuser", "-u", u.pw_name, "--", "env", f"POCL_CACHE_DIR={cache}", "POCL_DEBUG=general,llvm",
+                        "HOME=/tmp", CLK, str(first), str(count), "1"], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "0 failures" in p.stdout, p.stderr[-2000:]
+    return p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists(CLK) or not os.path.exists("/etc/OpenCL/vendors/pocl.icd"),
+                    reason="needs root, PoCL and build/tests/clkernels")
+def test_real_pocl_a_publishers_programs_compile_for_nobody_else(kfs, acl_redis, workdir):
+    """The CI account compiles with the real PoCL on its node; two users on another node run the same
+    programs and compile nothing, with the same results."""
+    d, _ = workdir
+    ci, alice, bob = ensure_user("kcfs-ci"), ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
+    pub = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "publisher-ci ci-secret"))
+    a = shared(kfs, acl_redis, remote_trusted="ci", remote_auth=auth_file(d, "kcachefs nodes-secret"))
+
+    def cache_of(m, u):
+        home = subprocess.run(["runuser", "-u", u.pw_name, "--", "getfattr", "--only-values", "-n",
+                               "user.kcachefs.home", m.mnt], capture_output=True, text=True, timeout=30).stdout
+        assert home.startswith("users/"), home
+        return os.path.join(m.mnt, home, "pocl")
+
+    trace = clk_as(ci, cache_of(pub, ci), 0, 2)
+    assert trace.count("Writing program.bc") == 2  # the publisher compiles
+    wait_for(lambda: num(pub, "remote_publishes") >= 2, timeout=30, what="two programs published")
+    sos = [os.path.relpath(os.path.join(dp, f), cache_of(pub, ci)) for dp, _, fns in os.walk(cache_of(pub, ci))
+           for f in fns if f.endswith(".so")]
+    assert len(sos) >= 2
+    wait_for(lambda: all(acl_redis.cli("EXISTS", f"kcfs:1:p:ci:pocl/{so}").strip() == "1" for so in sos),
+             timeout=30, what="the kernels published with their programs")
+    for u in (alice, bob):
+        trace = clk_as(u, cache_of(a, u), 0, 2)
+        assert "Writing program.bc" not in trace, f"{u.pw_name} compiled a program the publisher had published"
+        assert "Built a specialized WG function" not in trace, f"{u.pw_name} built a kernel the publisher had"
+    assert num(a, "remote_trusted_hits") == 4 and num(a, "remote_errors") == 0
