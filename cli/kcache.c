@@ -197,24 +197,40 @@ static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
                 "remote_corrupt", "remote_dirs", "remote_publishes", "remote_published_before", "remote_touches",
                 "remote_bytes_in", "remote_bytes_out", "herd_waits", "herd_served", "herd_gave_up",
                 "remote_server_used_bytes", "remote_server_max_bytes", "remote_server_evicted_keys",
-                "remote_server_keys", "remote_server_seen_ns",
+                "remote_server_keys", "remote_server_seen_ns", "remote_trusted_hits",
         };
         unsigned uid = (unsigned)getuid();
-        char ns[64];
-        snprintf(ns, sizeof(ns), "kcfs:1:u%u:", uid);
+        /* the caller's namespaces in lookup order: the own one (a publisher's, on a remote_publish= mount),
+         * then the trusted publishers' (remote_trusted=); a daemon that does not say: the user's own */
+        char ns[1024], *trusted = NULL;
+        if (kc_get(mount, "remote_namespaces", ns, sizeof(ns)) <= 0)
+                snprintf(ns, sizeof(ns), "kcfs:1:u%u:", uid);
+        if ((trusted = strchr(ns, ' ')))
+                *trusted++ = '\0';
+        bool publisher = !strncmp(ns, "kcfs:1:p:", 9);
         if (json) {
                 printf("{\"mount\":");
                 kc_put_json(stdout, mount);
                 printf(",\"server\":");
                 kc_put_json(stdout, where);
-                printf(",\"namespace\":\"%s\"", ns);
+                printf(",\"namespace\":\"%s\",\"trusted\":[", ns);
+                for (char *t = trusted, *save = NULL, *w = t ? strtok_r(t, " ", &save) : NULL; w;
+                     w = strtok_r(NULL, " ", &save))
+                        printf("%s\"%s\"", w == t ? "" : ",", w);
+                printf("]");
                 for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
                         printf(",\"%s\":%" PRIu64, names[i], kc_num(mount, names[i]));
                 printf("}\n");
                 return KC_EXIT_OK;
         }
         char a[32], b[32];
-        printf("server      %s\nnamespace   %s* (uid %u: the entries of yours that any node stored)\n", where, ns, uid);
+        printf("server      %s\n", where);
+        if (publisher)
+                printf("namespace   %s* (a trusted publisher's: every entry this mount stores)\n", ns);
+        else
+                printf("namespace   %s* (uid %u: the entries of yours that any node stored)\n", ns, uid);
+        if (trusted)
+                printf("trusted     %s (read only, after yours, in this order)\n", trusted);
         uint64_t seen = kc_num(mount, "remote_server_seen_ns");
         if (seen) {
                 kc_human(kc_num(mount, "remote_server_used_bytes"), a, sizeof(a));
@@ -354,6 +370,9 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                                kc_num(mount, "remote_errors"), kc_num(mount, "remote_corrupt"),
                                kc_num(mount, "remote_publishes"), b, kc_num(mount, "remote_published_before"),
                                kc_num(mount, "remote_touches"));
+                        if (kc_num(mount, "remote_trusted_hits"))
+                                printf("trusted     %" PRIu64 " of the units fetched came from trusted publishers\n",
+                                       kc_num(mount, "remote_trusted_hits"));
                         if (kc_num(mount, "herd_waits"))
                                 printf("herd        %" PRIu64 " lookups waited for another's compile: %" PRIu64
                                        " got it, %" PRIu64 " compiled after all\n", kc_num(mount, "herd_waits"),

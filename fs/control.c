@@ -19,7 +19,8 @@
  *                      remote_published_before, remote_touches, herd_waits, herd_served, herd_gave_up,
  *                      remote_server_used_bytes, remote_server_max_bytes, remote_server_evicted_keys,
  *                      remote_server_keys, remote_server_seen_ns (the server's INFO at the last touches),
- *                      remote_bytes_in, remote_bytes_out (remote/remote.h),
+ *                      remote_bytes_in, remote_bytes_out, remote_trusted_hits (remote/remote.h),
+ *                      remote_namespaces (the caller's, in the order its lookups ask them),
  *                      stats (JSON)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
@@ -60,7 +61,7 @@ static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", 
                                           "herd_waits", "herd_served", "herd_gave_up", "remote_server_used_bytes",
                                           "remote_server_max_bytes", "remote_server_evicted_keys",
                                           "remote_server_keys", "remote_server_seen_ns",
-                                          "remote_bytes_in", "remote_bytes_out" };
+                                          "remote_bytes_in", "remote_bytes_out", "remote_trusted_hits" };
 static const char *const FILE_NAMES[] = { "atime", "atime_ns", "opens", "bytes_read", "bytes", "seq", "pinned" };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -194,6 +195,7 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "remote_server_seen_ns", (uint64_t)rc.server_seen_ns },
                 { "remote_bytes_in", rc.bytes_in },
                 { "remote_bytes_out", rc.bytes_out },
+                { "remote_trusted_hits", rc.trusted_hits },
         };
         for (size_t i = 0; i < COUNT(nums); i++)
                 if (!strcmp(n, nums[i].name))
@@ -257,6 +259,8 @@ int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
         char rel[4096];
         if (in == &fs->root && !strcmp(n, "home"))
                 r = kfs_users_home(req, fs, buf, size); /* the caller's own directory, made on first use */
+        else if (in == &fs->root && !strcmp(n, "remote_namespaces")) /* the caller's, in lookup order */
+                r = kfs_remote_namespaces(fs, fuse_req_ctx(req)->uid, buf, size);
         else if (in == &fs->root)
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))

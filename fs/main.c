@@ -108,6 +108,10 @@ static void usage(const char *prog)
                "                            (0.1 to 86400), so that its LRU keeps them; default 60\n"
                "    -o herd_wait=S          a lookup of a compile's output that another node is compiling\n"
                "                            waits up to S seconds for it (0 to 3600); default 0: never\n"
+               "    -o remote_publish=NAME  store every entry in trusted publisher NAME's namespace (a CI or\n"
+               "                            admin account's mount, with its ACL user in remote_auth=)\n"
+               "    -o remote_trusted=LIST  on a miss in the user's own namespace, read these publishers'\n"
+               "                            namespaces, NAME[:NAME...] (at most 8), in order; read only\n"
                "\n"
                "Every mount is nosuid,nodev; its source (df, findmnt, mount(8)) is BACKING_DIR, its type\n"
                "fuse.kcachefs. allow_other (a mount for every user) adds default_permissions.\n"
@@ -202,6 +206,14 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
                 return fail("herd_wait= needs remote=");
         if (o->remote_auth && !o->remote_url)
                 return fail("remote_auth= needs remote=");
+        if ((o->remote_publish || o->remote_trusted) && !o->remote_url)
+                return fail("%s= needs remote=", o->remote_publish ? "remote_publish" : "remote_trusted");
+        if (o->remote_publish && kfs_remote_names(o->remote_publish, NULL, 0, 1) != 1)
+                return fail("invalid remote_publish '%s': expected a name of 1 to 32 of a-z 0-9 _ -",
+                            o->remote_publish);
+        if (o->remote_trusted && kfs_remote_names(o->remote_trusted, NULL, 0, 8) < 1)
+                return fail("invalid remote_trusted '%s': expected 1 to 8 names of 1 to 32 of a-z 0-9 _ -, "
+                            "separated by ':'", o->remote_trusted);
         if (o->layout_str && kfs_parse_layouts(o->layout_str, &o->layouts, &o->nlayouts) < 0) {
                 char names[512] = "";
                 for (int i = 0; i < KRT__COUNT; i++)

@@ -146,6 +146,8 @@ void kfs_free_opts(struct kfs_opts *o)
 {
         free(o->remote_url);
         free(o->remote_auth);
+        free(o->remote_publish);
+        free(o->remote_trusted);
         free(o->backing);
         free(o->mountpoint);
         free(o->mountpoint_arg);
@@ -195,6 +197,8 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("tighten", tighten),
         OPT("remote=%s", remote_url),
         OPT("remote_auth=%s", remote_auth),
+        OPT("remote_publish=%s", remote_publish),
+        OPT("remote_trusted=%s", remote_trusted),
         OPT("remote_timeout_ms=%u", remote_timeout_ms),
         OPT("remote_negative_s=%lf", remote_negative_s),
         OPT("remote_touch_s=%lf", remote_touch_s),

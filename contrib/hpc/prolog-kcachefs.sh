@@ -13,6 +13,8 @@
 #   KCACHEFS_REMOTE   the cluster's shared tier, redis://HOST[:PORT][/DB] (docs/remote.md); none if unset
 #   KCACHEFS_REMOTE_AUTH  the file with its password (root, 0600)
 #   KCACHEFS_HERD_WAIT    seconds a node waits for another's compile at a job's start (herd_wait)
+#   KCACHEFS_REMOTE_TRUSTED  trusted publishers read after each user's own entries, NAME[:NAME...]
+#                     (remote_trusted; docs/remote.md, Trust)
 set -eu
 backing=${KCACHEFS_BACKING:-/var/cache/kcachefs/private/backing}
 mnt=${KCACHEFS_MOUNT:-/var/cache/kcachefs/mnt}
@@ -21,6 +23,7 @@ kcachefs=${KCACHEFS_BIN:-kcachefs}
 if [ -n "${KCACHEFS_REMOTE:-}" ]; then opts="$opts,remote=$KCACHEFS_REMOTE"; fi
 if [ -n "${KCACHEFS_REMOTE_AUTH:-}" ]; then opts="$opts,remote_auth=$KCACHEFS_REMOTE_AUTH"; fi
 if [ -n "${KCACHEFS_HERD_WAIT:-}" ]; then opts="$opts,herd_wait=$KCACHEFS_HERD_WAIT"; fi
+if [ -n "${KCACHEFS_REMOTE_TRUSTED:-}" ]; then opts="$opts,remote_trusted=$KCACHEFS_REMOTE_TRUSTED"; fi
 if mountpoint -q "$mnt"; then exit 0; fi
 mkdir -p "$mnt"
 # Closed from its creation (mkdir -m 700 applies the mode as it makes the directory): a process that

@@ -243,16 +243,37 @@ uint64_t kfs_remote_hash(uint32_t uid, const char *path)
         return h ? h : 1; /* kmap reserves 0 */
 }
 
-char *kfs_remote_key(uint32_t uid, const char *path)
+void kfs_remote_ns_home(struct kfs_remote_ns *ns, uid_t uid, const char *path)
 {
-        char *k;
-        return asprintf(&k, REMOTE_KEY_PREFIX "%u:%s", uid, path) < 0 ? NULL : k;
+        ns->home[0] = '\0';
+        if (ns->s[0] != 'p')
+                return;
+        char h[sizeof(ns->home)];
+        int l = snprintf(h, sizeof(h), KFS_USERS_DIR "/%u/", (unsigned)uid);
+        if (l > 0 && (size_t)l < sizeof(h) && !strncmp(path, h, (size_t)l) && path[l])
+                memcpy(ns->home, h, (size_t)l + 1);
 }
 
-char *kfs_remote_list_key(uint32_t uid, const char *dir)
+void kfs_remote_own_ns(const struct kfs_remote *r, uid_t uid, const char *path, struct kfs_remote_ns *ns)
+{
+        if (r->publish[0])
+                memcpy(ns->s, r->publish, sizeof(ns->s));
+        else
+                snprintf(ns->s, sizeof(ns->s), "u%u", (unsigned)uid);
+        ns->trusted = false;
+        kfs_remote_ns_home(ns, uid, path);
+}
+
+char *kfs_remote_key(const char *ns, const char *path)
 {
         char *k;
-        return asprintf(&k, "kcfsl:1:u%u:%s", uid, dir) < 0 ? NULL : k;
+        return asprintf(&k, REMOTE_KEY_PREFIX "%s:%s", ns, path) < 0 ? NULL : k;
+}
+
+char *kfs_remote_list_key(const char *ns, const char *dir)
+{
+        char *k;
+        return asprintf(&k, "kcfsl:1:%s:%s", ns, dir) < 0 ? NULL : k;
 }
 
 char *kfs_remote_relpath(struct kfs *fs, int dfd, const char *name)

@@ -3,8 +3,11 @@
  * beneath the root, the file the runtime tests for the entry last, before the lookup is answered.
  *
  * What must stay true:
- *   F1 Only for the uid that owns the directory asked in, from that uid's namespace, as files that uid
- *      owns, into directories that uid owns: a fetch writes nothing its asker could not have written.
+ *   F1 Only for the uid that owns the directory asked in, from that uid's namespace (or, on a
+ *      remote_publish= mount, the publisher's), then from the trusted publishers' (remote_trusted=, in
+ *      order), as files that uid owns, into directories that uid owns: a fetch writes nothing its asker
+ *      could not have written. A trusted namespace is only read: never written, marked or deleted from
+ *      here (the server's ACLs refuse it anyway).
  *   F2 Every path comes from the server, so every one is checked (value.c) and resolved beneath the
  *      root through the tree door; a unit's files all lie beneath the directory of its marker file.
  *   F3 A member is written whole under no name (O_TMPFILE) and linked into place only if the name is
@@ -262,10 +265,10 @@ int kfs_remote_asker(struct kfs *fs, fuse_req_t req, int dfd, struct kfs_asker *
 /* The directory path was just made from the server: the units published directly in it come along,
  * if they are few (LISTINGS, remote.h): a runtime that lists the directory instead of looking a name up
  * finds them. */
-static void fetch_listing(struct kfs *fs, const struct kfs_asker *a, const char *path)
+static void fetch_listing(struct kfs *fs, const struct kfs_asker *a, const struct kfs_remote_ns *ns, const char *path)
 {
         struct kfs_remote *r = fs->remote;
-        char *lk = kfs_remote_list_key(a->uid, path);
+        char *lk = kfs_remote_list_key(ns->s, kfs_remote_ns_path(ns, path));
         redisContext *c = lk ? kfs_remote_conn(r, r->timeout_ms) : NULL;
         redisReply *names = c ? redisCommand(c, "SRANDMEMBER %b %d", lk, strlen(lk), REMOTE_LIST_MAX + 1) : NULL;
         if (c && !names)
@@ -289,10 +292,11 @@ static void fetch_listing(struct kfs *fs, const struct kfs_asker *a, const char 
                 bool have = dfd >= 0 && ktree_stat(&fs->tree, dfd, n->str, &st) == 0;
                 if (dfd >= 0)
                         close(dfd);
-                redisReply *v = have || !(key = kfs_remote_key(a->uid, child)) ? NULL
-                                                                               : kfs_remote_get(r, key, r->transfer_ms);
+                redisReply *v = have || !(key = kfs_remote_key(ns->s, kfs_remote_ns_path(ns, child)))
+                                        ? NULL
+                                        : kfs_remote_get(r, key, r->transfer_ms);
                 if (v && v->type == REDIS_REPLY_STRING && !(v->len == 1 && v->str[0] == 'D'))
-                        (void)kfs_remote_take(fs, a, child, key, v); /* a member, or a unit: made whole */
+                        (void)kfs_remote_take(fs, a, ns, child, key, v); /* a member, or a unit: made whole */
                 if (v)
                         freeReplyObject(v);
                 free(key);
@@ -301,7 +305,8 @@ static void fetch_listing(struct kfs *fs, const struct kfs_asker *a, const char 
         freeReplyObject(names);
 }
 
-int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path, const char *key, redisReply *rep)
+int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const struct kfs_remote_ns *ns, const char *path,
+                    const char *key, redisReply *rep)
 {
         struct kfs_remote *r = fs->remote;
         if (rep->len == 1 && rep->str[0] == 'D') { /* a directory on the way to a unit */
@@ -309,7 +314,7 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
                 if (fd < 0)
                         return -ENOENT;
                 close(fd);
-                fetch_listing(fs, a, path);
+                fetch_listing(fs, a, ns, path);
                 return 0;
         }
         const char *val = rep->str;
@@ -319,13 +324,13 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
         int ret = -ENOENT;
         if (rep->len > 1 && rep->str[0] == 'M') { /* a member: the unit is at its marker's key */
                 char *m = strndup(rep->str + 1, rep->len - 1);
-                ukey = m && krv_path_ok(m, strlen(m)) ? kfs_remote_key(a->uid, m) : NULL;
+                ukey = m && krv_path_ok(m, strlen(m)) ? kfs_remote_key(ns->s, m) : NULL;
                 free(m);
                 unit = ukey ? kfs_remote_get(r, ukey, r->transfer_ms) : NULL;
                 if (!unit || unit->type != REDIS_REPLY_STRING) {
                         if (unit && unit->type == REDIS_REPLY_NIL) {
                                 atomic_fetch_add(&r->misses, 1); /* the server evicted the unit */
-                                kfs_remote_remember(r, kfs_remote_hash(a->uid, path));
+                                kfs_remote_remember(r, kfs_remote_hash(0, key));
                         }
                         goto out;
                 }
@@ -334,13 +339,28 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
         }
         struct krv_unit u;
         int d = krv_decode((const unsigned char *)val, len, &u);
-        if (d == 0 && (u.uid != a->uid || !kfs_remote_shareable(u.rt))) {
+        /* F1: in a user's namespace, only that user's units; a publisher's namespace holds whoever's files
+         * the publisher's mount stored, and is trusted as a whole (its ACL user alone writes it). */
+        if (d == 0 && ((ns->s[0] == 'u' && u.uid != a->uid) || !kfs_remote_shareable(u.rt))) {
                 krv_free(&u);
-                d = -EBADMSG; /* F1: not this user's, or not a unit that may be shared */
+                d = -EBADMSG;
         }
+        for (size_t i = 0; d == 0 && ns->home[0] && i < u.n; i++) { /* a publisher's: into the asker's home */
+                char *p;
+                if (asprintf(&p, "%s%s", ns->home, u.files[i].path) < 0) {
+                        krv_free(&u);
+                        d = -ENOMEM;
+                        break;
+                }
+                free(u.files[i].path);
+                u.files[i].path = p;
+        }
+        if (d == -ENOMEM)
+                goto out;
         if (d < 0) {
                 atomic_fetch_add(&r->corrupt, 1);
-                del(r, ukey ? ukey : key); /* a value that does not check is nobody's: gone */
+                if (!ns->trusted)
+                        del(r, ukey ? ukey : key); /* a value that does not check is nobody's: gone */
                 goto out;
         }
         atomic_fetch_add(&r->bytes_in, len);
@@ -348,6 +368,8 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path,
         krv_free(&u);
         if (m == 0) {
                 atomic_fetch_add(&r->hits, 1);
+                if (ns->trusted)
+                        atomic_fetch_add(&r->trusted_hits, 1);
                 ret = 0;
         } else {
                 atomic_fetch_add(&r->errors, 1);
@@ -370,36 +392,67 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
         kfs_inode_fd_put(fs, dir, dfd);
         if (!path)
                 return -ENOENT;
+        if (krt_is_temporary(path)) {
+                free(path);
+                return -ENOENT;
+        }
+        /* The asker's own namespace, then each trusted publisher's in order (TRUST), each one's misses
+         * remembered on their own. Only a miss in the asker's own, asked now, may join the herd there. */
+        struct kfs_remote_ns ns;
+        kfs_remote_own_ns(r, a.uid, path, &ns);
         int ret = -ENOENT;
-        uint64_t h = kfs_remote_hash(a.uid, path);
-        char *key = NULL;
-        redisReply *rep = NULL;
-        if (krt_is_temporary(path) || kfs_remote_remembered(r, h)) {
-                if (!krt_is_temporary(path))
-                        atomic_fetch_add(&r->remembered, 1);
-                goto out;
+        bool asked = false, found = false;
+        char *own_key = NULL; /* the own namespace's key, when it missed now */
+        for (unsigned i = 0; i <= r->ntrusted && ret == -ENOENT; i++) {
+                if (i > 0) {
+                        memcpy(ns.s, r->trusted[i - 1], sizeof(ns.s));
+                        ns.trusted = true;
+                        kfs_remote_ns_home(&ns, a.uid, path);
+                        if (!strcmp(ns.s, r->publish))
+                                continue; /* a publisher's mount that trusts its own namespace: asked first */
+                }
+                char *key = kfs_remote_key(ns.s, kfs_remote_ns_path(&ns, path));
+                if (!key)
+                        break;
+                if (kfs_remote_remembered(r, kfs_remote_hash(0, key))) {
+                        free(key);
+                        continue;
+                }
+                asked = true;
+                redisReply *rep = kfs_remote_get(r, key, r->timeout_ms);
+                if (!rep) { /* down, slow or refused: a miss remembered by neither us nor the kernel (it may be back) */
+                        ret = KFS_REMOTE_UNSURE;
+                } else if (rep->type == REDIS_REPLY_NIL) {
+                        if (i == 0) {
+                                own_key = key; /* remembered below, unless the herd takes it */
+                                key = NULL;
+                        } else {
+                                kfs_remote_remember(r, kfs_remote_hash(0, key));
+                        }
+                } else {
+                        found = true; /* a hit, or a value that failed (counted as such, not as a miss) */
+                        ret = kfs_remote_take(fs, &a, &ns, path, key, rep);
+                        if (ret < 0 && ns.trusted) /* not deleted there (read only): not fetched again soon */
+                                kfs_remote_remember(r, kfs_remote_hash(0, key));
+                }
+                if (rep)
+                        freeReplyObject(rep);
+                free(key);
         }
-        key = kfs_remote_key(a.uid, path);
-        rep = key ? kfs_remote_get(r, key, r->timeout_ms) : NULL;
-        if (!rep) { /* down, slow or refused: a miss, remembered by neither us nor the kernel (it may be back) */
-                ret = key ? KFS_REMOTE_UNSURE : -ENOENT;
-                goto out;
-        }
-        if (rep->type == REDIS_REPLY_NIL) {
+        if (!asked)
+                atomic_fetch_add(&r->remembered, 1);
+        else if (ret == -ENOENT && !found)
                 atomic_fetch_add(&r->misses, 1);
-                ret = r->herd_ms && krt_is_output_name(name) ? kfs_remote_herd(fs, req, dir, &a, path, key)
-                                                              : -ENOENT; /* (herd.c) */
-                if (ret == -ENOENT)
-                        kfs_remote_remember(r, h);
+        if (own_key && ret == -ENOENT && !found && r->herd_ms && krt_is_output_name(name)) {
+                ret = kfs_remote_herd(fs, req, dir, &a, path, own_key); /* (herd.c) */
                 if (ret == KFS_REMOTE_PARKED)
-                        path = key = NULL; /* the herd's now */
-                goto out;
+                        path = own_key = NULL; /* the herd's now */
+                else if (ret != -ENOENT)
+                        free(own_key), own_key = NULL; /* compiled here (or fetched): not a miss to remember */
         }
-        ret = kfs_remote_take(fs, &a, path, key, rep);
-out:
-        if (rep)
-                freeReplyObject(rep);
-        free(key);
+        if (own_key)
+                kfs_remote_remember(r, kfs_remote_hash(0, own_key));
+        free(own_key);
         free(path);
         return ret;
 }

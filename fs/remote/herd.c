@@ -91,7 +91,9 @@ static int settle(struct kfs *fs, struct herd_wait *w, int64_t now)
         if (mrep)
                 freeReplyObject(mrep);
         if (rep && rep->type == REDIS_REPLY_STRING) {
-                int t = kfs_remote_take(fs, &w->asker, w->path, w->key, rep);
+                struct kfs_remote_ns ns; /* the herd is the asker's own namespace's only */
+                kfs_remote_own_ns(r, w->asker.uid, w->path, &ns);
+                int t = kfs_remote_take(fs, &w->asker, &ns, w->path, w->key, rep);
                 freeReplyObject(rep);
                 return t == 0 ? 1 : -1;
         }
@@ -235,7 +237,9 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 if (ret == KFS_REMOTE_UNSURE && c) { /* H5: a compile published between our GET and SET */
                         redisReply *again = kfs_remote_get(r, key, r->timeout_ms);
                         if (again && again->type == REDIS_REPLY_STRING) {
-                                int t = kfs_remote_take(fs, a, path, key, again);
+                                struct kfs_remote_ns ns;
+                                kfs_remote_own_ns(r, a->uid, path, &ns);
+                                int t = kfs_remote_take(fs, a, &ns, path, key, again);
                                 /* take() may have dropped c (a failure): this thread's connection anew */
                                 redisContext *c2 = kfs_remote_conn(r, r->timeout_ms);
                                 redisReply *d = c2 ? redisCommand(c2, "DEL %b", mark, strlen(mark)) : NULL;

@@ -24,7 +24,25 @@
  * times over (the files, the value, hiredis's copy), and a root daemon must not be made to run out of
  * memory by what one user stores. */
 #define REMOTE_MAX_UNIT (64u << 20)
-#define REMOTE_KEY_PREFIX "kcfs:1:u"
+#define REMOTE_KEY_PREFIX "kcfs:1:"
+/* A namespace (TRUST, remote.h): "u<uid>", a user's own, or "p:<name>", a trusted publisher's. */
+#define REMOTE_NAME_MAX 32        /* a publisher's name: [a-z0-9_-]{1,32} */
+#define REMOTE_NS_MAX (REMOTE_NAME_MAX + 3)
+#define REMOTE_TRUSTED_MAX 8      /* -o remote_trusted=: this many publishers at most */
+
+struct kfs_remote_ns {
+        char s[REMOTE_NS_MAX];
+        bool trusted;             /* another's, read only here: a trusted publisher's (remote_trusted=) */
+        /* What a path here has before its path in the namespace: a publisher's units are shared by every
+         * user, so on a shared mount their paths are relative to the owner's own directory (users/<uid>/,
+         * users.c), and land in the asker's; "" for a user's namespace, whose paths are the mount's. */
+        char home[sizeof(KFS_USERS_DIR) + 16];
+};
+/* path in ns: past ns->home (which path begins with, kfs_remote_own_ns) */
+static inline const char *kfs_remote_ns_path(const struct kfs_remote_ns *ns, const char *path)
+{
+        return path + __builtin_strlen(ns->home);
+}
 
 struct kfs_remote {
         /* where (conn.c); immutable after init */
@@ -37,6 +55,10 @@ struct kfs_remote {
         unsigned transfer_ms;     /* a unit's transfer deadline */
         double negative_s;        /* misses remembered this long */
         char node[64];            /* this node's name, in published units */
+        char publish[REMOTE_NS_MAX]; /* -o remote_publish=NAME: "p:NAME", where everything goes; "": each
+                                     user's own */
+        char trusted[REMOTE_TRUSTED_MAX][REMOTE_NS_MAX]; /* -o remote_trusted=: "p:NAME", in order */
+        unsigned ntrusted;
         pthread_key_t conn_key;   /* this thread's struct remote_conn */
         _Atomic int64_t down_until_ns; /* no connection is tried before this */
         _Atomic bool said_down;   /* the operator was told it is away (conn.c) */
@@ -69,7 +91,7 @@ struct kfs_remote {
         kmap memo;                /* hash of a published unit's key -> its files' newest mtime; memo_lock */
 
         _Atomic uint64_t hits, misses, remembered, timeouts, errors, corrupt, dirs, publishes, published_before,
-                touches, bytes_in, bytes_out, herd_waits, herd_served, herd_gave_up;
+                touches, bytes_in, bytes_out, herd_waits, herd_served, herd_gave_up, trusted_hits;
         /* the server's own figures, read with INFO at each touch interval (touch.c); 0: not known */
         _Atomic uint64_t server_used, server_max, server_evicted, server_keys;
         _Atomic int64_t server_seen_ns; /* when they were read (CLOCK_REALTIME); 0: never */
@@ -95,10 +117,15 @@ void kfs_remote_conn_free(struct kfs_remote *r);
 /* The monotonic clock, in ns: back-offs, deadlines, remembered misses, publication and herd times. */
 int64_t kfs_remote_mono_ns(void);
 uint64_t kfs_remote_hash(uint32_t uid, const char *path);
-/* "kcfs:1:u<uid>:<path>", malloc'ed. */
-char *kfs_remote_key(uint32_t uid, const char *path);
-/* "kcfsl:1:u<uid>:<dir>": the names of unit members published directly in dir (LISTINGS), malloc'ed. */
-char *kfs_remote_list_key(uint32_t uid, const char *dir);
+/* The namespace that a mount stores uid's units in and looks them up in first: "u<uid>", or the
+ * publisher's on a remote_publish= mount; its home as path (of uid's) has it. */
+void kfs_remote_own_ns(const struct kfs_remote *r, uid_t uid, const char *path, struct kfs_remote_ns *ns);
+/* ns->home for a path of uid's: "users/<uid>/" where path lies in it and ns is a publisher's; "" if not. */
+void kfs_remote_ns_home(struct kfs_remote_ns *ns, uid_t uid, const char *path);
+/* "kcfs:1:<ns>:<path>", malloc'ed. */
+char *kfs_remote_key(const char *ns, const char *path);
+/* "kcfsl:1:<ns>:<dir>": the names of unit members published directly in dir (LISTINGS), malloc'ed. */
+char *kfs_remote_list_key(const char *ns, const char *dir);
 #define REMOTE_LIST_MAX 16        /* a directory made from the server gets its members if it has this few */
 /* The path of name in the directory open as dfd (name NULL: of what dfd is open on), relative to the
  * backing root; malloc'ed, or NULL (outside it: removed, or in the metadata directory). */
@@ -115,8 +142,10 @@ int kfs_remote_unit_rt(const struct kev_unit *u);
 int kfs_remote_asker(struct kfs *fs, fuse_req_t req, int dfd, struct kfs_asker *a);
 /* GET within ms: a string or nil reply, or NULL (counted; the connection dropped). */
 redisReply *kfs_remote_get(struct kfs_remote *r, const char *key, unsigned ms);
-/* What the server holds at key (rep, a string) made beneath the root for path: 0, or -ENOENT. */
-int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const char *path, const char *key, redisReply *rep);
+/* What the server holds at key (rep, a string), in namespace ns, made beneath the root for path: 0, or
+ * -ENOENT. */
+int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const struct kfs_remote_ns *ns, const char *path,
+                    const char *key, redisReply *rep);
 bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h);
 void kfs_remote_remember(struct kfs_remote *r, uint64_t h);
 
@@ -126,7 +155,7 @@ void kfs_remote_remember(struct kfs_remote *r, uint64_t h);
 int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const struct kfs_asker *a, char *path,
                     char *key);
 void kfs_remote_herd_stop(struct kfs *fs);
-/* "kcfsh:1:u<uid>:<path>": key's in-flight mark, malloc'ed */
+/* "kcfsh:1:<ns>:<path>": key's in-flight mark (in the asker's own namespace only: TRUST), malloc'ed */
 char *kfs_remote_herd_key(const char *key);
 /* The last component of path. */
 static inline const char *kfs_remote_base(const char *path)

@@ -6,7 +6,10 @@
  *   P1 Only a whole unit of a shareable runtime goes: not busy (a lock or temporary of the runtime in
  *      it), every member a regular file, none changed while it was read.
  *   P2 Into the namespace of the uid that owns every member, and only then (TRUST): a unit with files of
- *      two owners is not published at all.
+ *      two owners is not published at all. On a remote_publish=NAME mount, every unit goes into the
+ *      publisher's namespace "p:NAME" instead, and no user's: the mount is the publisher's (a CI or
+ *      admin account's), and its ACL user alone may write there; a node's credentials are refused
+ *      (NOPERM), which is a counted error, never the application's.
  *   P3 The unit's key last-but-none: its markers ("M", "D") are stored only once the unit is, so a
  *      lookup that finds a marker finds the unit (unless the server evicted it since: a miss). */
 #include <errno.h>
@@ -183,14 +186,15 @@ static size_t unmark(redisContext *c, const char *key)
         return 1;
 }
 
-/* Stores the markers of unit u (P3): "M<marker>" at its other members, "D" at the directories above. */
-static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *u, size_t *sent)
+/* Stores the markers of unit u (P3): "M<marker>" at its other members, "D" at the directories above;
+ * u's members are its paths in ns (past the namespace's home). */
+static void store_markers(redisContext *c, const char *ns, const struct kev_unit *u, size_t *sent)
 {
-        char *k0 = kfs_remote_key(uid, u->members[0]);
+        char *k0 = kfs_remote_key(ns, u->members[0]);
         size_t n = k0 ? unmark(c, k0) : 0;
         free(k0);
         for (size_t i = 1; i < u->n; i++) {
-                char *k = kfs_remote_key(uid, u->members[i]);
+                char *k = kfs_remote_key(ns, u->members[i]);
                 if (!k)
                         continue;
                 redisAppendCommand(c, "SET %b M%s NX", k, strlen(k), u->members[0]);
@@ -202,7 +206,7 @@ static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *
         for (size_t i = 0; i < u->n; i++) {
                 const char *slash = strrchr(u->members[i], '/');
                 char *dir = slash ? strndup(u->members[i], (size_t)(slash - u->members[i])) : strdup("");
-                char *k = dir ? kfs_remote_list_key(uid, dir) : NULL;
+                char *k = dir ? kfs_remote_list_key(ns, dir) : NULL;
                 if (k) {
                         const char *name = slash ? slash + 1 : u->members[i];
                         redisAppendCommand(c, "SADD %b %s", k, strlen(k), name);
@@ -223,7 +227,7 @@ static void store_markers(redisContext *c, uint32_t uid, const struct kev_unit *
                         }
                         if (seen)
                                 break; /* this one and those above it went with an earlier member */
-                        char *k = kfs_remote_key(uid, p);
+                        char *k = kfs_remote_key(ns, p);
                         if (k) {
                                 redisAppendCommand(c, "SET %b D NX", k, strlen(k));
                                 n += unmark(c, k);
@@ -289,8 +293,33 @@ static int publish_one(struct kfs *fs, const char *path)
                 kev_unit_free(&u);
                 return -EAGAIN; /* still being written */
         }
-        char *key = kfs_remote_key(s.owner, u.members[0]);
-        uint64_t mh = kfs_remote_hash(s.owner, u.members[0]);
+        struct kfs_remote_ns ns;
+        kfs_remote_own_ns(r, s.owner, u.members[0], &ns); /* P2 */
+        /* a publisher's namespace has the unit's paths past the owner's home (every member is beneath it:
+         * the unit's directory is), so that every user's lookup in their own home finds it */
+        size_t hl = strlen(ns.home);
+        for (size_t i = 0; hl && i < u.n; i++) {
+                if (strncmp(u.members[i], ns.home, hl)) {
+                        snap_free(&s);
+                        kev_unit_free(&u);
+                        return 0;
+                }
+        }
+        char **full = u.members; /* the members as the tree has them: u is freed with them */
+        char **in_ns = hl ? malloc(u.n * sizeof(*in_ns)) : NULL;
+        if (hl && !in_ns) {
+                snap_free(&s);
+                kev_unit_free(&u);
+                return -EAGAIN;
+        }
+        for (size_t i = 0; hl && i < u.n; i++) {
+                in_ns[i] = u.members[i] + hl;
+                memmove(s.v.files[i].path, s.v.files[i].path + hl, strlen(s.v.files[i].path + hl) + 1);
+        }
+        if (hl)
+                u.members = in_ns;
+        char *key = kfs_remote_key(ns.s, u.members[0]);
+        uint64_t mh = key ? kfs_remote_hash(0, key) : 0;
         pthread_mutex_lock(&r->memo_lock);
         bool done = (int64_t)(uintptr_t)kmap_get(&r->memo, mh) == s.newest_ns;
         pthread_mutex_unlock(&r->memo_lock);
@@ -327,7 +356,7 @@ static int publish_one(struct kfs *fs, const char *path)
                                 atomic_fetch_add(&r->bytes_out, len);
                         size_t n = 0;
                         if (c)
-                                store_markers(c, s.owner, &u, &n);
+                                store_markers(c, ns.s, &u, &n);
                         bool ok = true;
                         for (size_t i = 0; i < n; i++) {
                                 redisReply *m = NULL;
@@ -359,6 +388,8 @@ static int publish_one(struct kfs *fs, const char *path)
         }
         free(key);
         snap_free(&s);
+        u.members = full;
+        free(in_ns);
         kev_unit_free(&u);
         return ret;
 }

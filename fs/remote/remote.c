@@ -8,6 +8,22 @@
 
 #include "internal.h"
 
+int kfs_remote_names(const char *list, char *out, size_t each, int max)
+{
+        int n = 0;
+        for (const char *p = list;; p++) {
+                size_t l = strspn(p, "abcdefghijklmnopqrstuvwxyz0123456789_-");
+                if (l < 1 || l > REMOTE_NAME_MAX || (p[l] != ':' && p[l] != '\0') || n == max)
+                        return -EINVAL;
+                if (out)
+                        snprintf(out + (size_t)n * each, each, "p:%.*s", (int)l, p);
+                n++;
+                p += l;
+                if (!*p)
+                        return n;
+        }
+}
+
 int kfs_remote_init(struct kfs *fs)
 {
         if (!fs->o.remote_url)
@@ -22,6 +38,15 @@ int kfs_remote_init(struct kfs *fs)
         r->negative_s = fs->o.remote_negative_s;
         if (gethostname(r->node, sizeof(r->node) - 1) < 0)
                 snprintf(r->node, sizeof(r->node), "unknown");
+        /* checked by kfs_opts_check already; a library caller gets -EINVAL here */
+        int nt = fs->o.remote_trusted ? kfs_remote_names(fs->o.remote_trusted, r->trusted[0], REMOTE_NS_MAX,
+                                                         REMOTE_TRUSTED_MAX) : 0;
+        if ((fs->o.remote_publish && kfs_remote_names(fs->o.remote_publish, r->publish, REMOTE_NS_MAX, 1) != 1) ||
+            nt < 0) {
+                free(r);
+                return -EINVAL;
+        }
+        r->ntrusted = (unsigned)nt;
         int e = kfs_remote_parse(r, fs->o.remote_url, fs->o.remote_auth);
         if (e < 0) {
                 fs->remote = r;
@@ -109,6 +134,7 @@ void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c)
         c->herd_waits = atomic_load(&r->herd_waits);
         c->herd_served = atomic_load(&r->herd_served);
         c->herd_gave_up = atomic_load(&r->herd_gave_up);
+        c->trusted_hits = atomic_load(&r->trusted_hits);
         c->server_used = atomic_load(&r->server_used);
         c->server_max = atomic_load(&r->server_max);
         c->server_evicted = atomic_load(&r->server_evicted);
@@ -125,9 +151,25 @@ void kfs_remote_zero(struct kfs *fs)
                 return;
         _Atomic uint64_t *const all[] = { &r->hits, &r->misses, &r->remembered, &r->timeouts, &r->errors, &r->corrupt,
                                           &r->dirs, &r->publishes, &r->published_before, &r->touches, &r->bytes_in,
-                                          &r->bytes_out, &r->herd_waits, &r->herd_served, &r->herd_gave_up };
+                                          &r->bytes_out, &r->herd_waits, &r->herd_served, &r->herd_gave_up,
+                                          &r->trusted_hits };
         for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
                 atomic_store(all[i], 0);
+}
+
+int kfs_remote_namespaces(const struct kfs *fs, uid_t uid, char *buf, size_t size)
+{
+        const struct kfs_remote *r = fs->remote;
+        if (!r)
+                return -ENODATA;
+        struct kfs_remote_ns ns;
+        kfs_remote_own_ns(r, geteuid() == 0 ? uid : geteuid(), "", &ns); /* as kfs_remote_asker */
+        int n = snprintf(buf, size, REMOTE_KEY_PREFIX "%s:", ns.s);
+        for (unsigned i = 0; n >= 0 && i < r->ntrusted; i++)
+                if (strcmp(r->trusted[i], r->publish))
+                        n += snprintf(buf + ((size_t)n < size ? (size_t)n : size), (size_t)n < size ? size - (size_t)n : 0,
+                                      " " REMOTE_KEY_PREFIX "%s:", r->trusted[i]);
+        return n;
 }
 
 const char *kfs_remote_where(const struct kfs *fs)

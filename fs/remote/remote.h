@@ -8,8 +8,9 @@
  * config.file, SYCL's cache_size.txt, Mesa's and CUDA's index, ccache's stats: kept files and whole
  * runtimes that are not shareable, SHAREABLE below).
  *
- * KEYS. "kcfs:1:u<uid>:<path>", path relative to the mount root, in the namespace of the user who owns
- * the files (TRUST). For a unit whose members are M0..Mk in eviction order (M0 is the file the runtime
+ * KEYS. "kcfs:1:<ns>:<path>": ns is "u<uid>", the namespace of the user who owns the files, path
+ * relative to the mount root; or "p:<name>", a trusted publisher's, path relative to the owner's own
+ * directory (users/<uid>/) where the file lies in one (TRUST). For a unit whose members are M0..Mk in eviction order (M0 is the file the runtime
  * tests for the entry: PoCL's program.bc, Triton's __grp__*.json, JAX's -cache, NEO's binary):
  *   <M0>          the unit (value.h), written first-writer-wins (SET NX)
  *   <Mi>, i > 0   "M" followed by M0's path: a lookup of any member fetches the whole unit
@@ -17,8 +18,9 @@
  *                 that the runtime's walk down to M0 goes on (PoCL tests <2>/<rest>/program.bc, and its
  *                 lookup of <2> is all the kernel asks before it).
  *
- * READ-THROUGH (fetch.c). A lookup that finds no name asks the server for it, once, within
- * remote_timeout_ms; a miss (or no answer) is remembered for remote_negative_s so that a runtime's
+ * READ-THROUGH (fetch.c). A lookup that finds no name asks the server for it, once per namespace (the
+ * asker's own, then each trusted one's: TRUST), within remote_timeout_ms; a miss (or no answer) is
+ * remembered, per namespace, for remote_negative_s so that a runtime's
  * repeated probes cost no round trip, and the kernel is told to remember the miss no longer than that.
  * On a unit, every member the node lacks is written into the backing directory in the reverse of
  * eviction's order (M0 last), each under a temporary name renamed into place, owned by the user who
@@ -36,13 +38,24 @@
  * TRUST. A binary cannot be checked against its key without compiling it again, so whoever can write a
  * key can poison its readers. A node publishes a unit only into the namespace of the uid that owns all
  * its files, and fetches into a directory only for the uid that owns that directory, from that uid's
- * namespace, as files that uid owns: what one user stores is only ever loaded by that user. Wider
- * sharing (a trusted publisher's namespace) is the server's ACLs' to enforce (docs/remote.md).
+ * namespace, as files that uid owns: what one user stores is only ever loaded by that user, and a
+ * node's daemon never publishes one user's files into another's namespace. Wider sharing is through
+ * trusted publishers' namespaces only, which the server's ACLs enforce, not the nodes' honesty
+ * (contrib/redis, docs/remote.md): a mount with -o remote_publish=NAME (a CI or admin account's, with
+ * the publisher's ACL user in remote_auth) stores everything it publishes into "p:NAME" and no user's,
+ * and looks that namespace up as its own; a mount with -o remote_trusted=NAME[:NAME...] asks, after
+ * the asker's own namespace misses, each of those in order, and writes a hit into the asker's
+ * directory as the asker's files, as from the asker's own. The nodes' ACL user may only read (GET,
+ * SRANDMEMBER, TOUCH: %R~) a publisher's keys, so a reader never writes, deletes or herd-marks them
+ * (a bad value there is counted, not deleted), and a node's credentials on a publishing mount are
+ * refused (NOPERM: a counted error). A publisher's unit may name any owner: the namespace is trusted
+ * as a whole, a user's only for that user's units.
  *
  * HERD (herd.c, -o herd_wait=SECONDS, off by default). At a job's start every node misses the same
  * kernels at once. Only names a compile's output is stored under count (common/runtimes.c, outputs:
  * PoCL's program.bc and kernels, Triton's json and binaries, JAX's -cache...), never a directory, which
- * runtimes make as they probe. The first lookup to miss such a name on the server marks it in flight there (SET NX with
+ * runtimes make as they probe. The first lookup to miss such a name on the server (in the asker's own
+ * namespace, and in every trusted one) marks it in flight in the asker's own (SET NX with
  * herd_wait as its life) and compiles; a lookup of the same name on any node that finds the mark waits,
  * off the daemon's workers (the request is answered later, by the herd thread), until the name is on
  * the server (the compile published it), or on this node (a process here compiled it), or the mark is
@@ -50,17 +63,35 @@
  * Only another node's compile is waited for: a lookup parked in the kernel holds its directory's lock,
  * which the compile on this node needs for its rename into place (herd.c, H4); so two processes of the
  * node that compiles first may both compile, and every other node waits for them.
+ *   Across the processes of one node (weighed, not built). The kernel looks a name up holding its
+ *   directory's i_rwsem shared (lookup_slow), and every create, mkdir, unlink and rename in that
+ *   directory needs it exclusive, before the request ever reaches the daemon. So:
+ *   - parking a lookup of this node while a process here compiles holds off that compile's own stores
+ *     (PoCL's and Triton's temporary and rename in the entry's directory) for herd_wait: no;
+ *   - parking the lookup of a directory above instead moves the same lock one level up, where the
+ *     compile makes its entry's directory (PoCL's <rest>, Triton's key directory): no;
+ *   - answering with a placeholder whose open waits (an open takes no directory lock) fails because the
+ *     dentry is the node's, not the process's: the compiling process would find its own output present
+ *     (stat's size, O_EXCL's EEXIST, a read of nothing), and runtimes act on that: no;
+ *   - waiting a short while before answering buys nothing: the compile's first store blocks in the
+ *     kernel, never reaching the daemon, so nothing here can tell it is under way.
+ *   A runtime that holds a lock of its own across its lookup and its compile compiles once per node
+ *   already (a process waiting in flock holds no directory lock). For PoCL, Triton and JAX the
+ *   safe place is outside the lookup: a wait asked by the runtime's side (libkcache, the OpenCL layer)
+ *   through an xattr of the mount root, which holds no lock of the entry's directory (getxattr takes
+ *   none), answered by the herd thread as a parked lookup is.
  *
  * LISTINGS. Some runtimes find an entry by listing its directory rather than by looking a name up
  * (Inductor's FX graph and AOT autograd caches list their key directory), and a listing never reaches the
- * server. So each published member's name is added to its directory's set ("kcfsl:1:u<uid>:<dir>"), and a
+ * server. So each published member's name is added to its directory's set ("kcfsl:1:<ns>:<dir>"), and a
  * directory made from its "D" key brings the units published directly in it along, when they are few
  * (REMOTE_LIST_MAX; a flat directory of many entries, JAX's, is looked up by name anyway).
  *
  * TOUCHES (touch.c). The local tier absorbs a node's repeated hits, so the server would see a kernel that
  * every node uses as cold and evict it first. Each open of a file through the mount notes its inode; every
  * remote_touch_s the publisher thread sends TOUCH for the units those files belong to, each unit once
- * per interval, batched, off the open path (the open only adds a number to a set).
+ * per interval, batched, off the open path (the open only adds a number to a set); in the owner's
+ * namespace and in each trusted one (a fetched file does not say where it came from; TOUCH is a read).
  *
  * THE SERVER DOWN. One connection per thread that asks (hiredis contexts are not thread-safe), made on
  * first use; after a failure none is tried again for REMOTE_BACKOFF_MS, so a dead server costs one
@@ -96,6 +127,7 @@ struct kfs_remote_counts {
         uint64_t herd_waits;    /* lookups that waited for another node's compile */
         uint64_t herd_served;   /* of them, answered with what that compile stored */
         uint64_t herd_gave_up;  /* of them, that compiled after all (herd_wait passed, or nothing came) */
+        uint64_t trusted_hits;  /* of the hits, those served from a trusted publisher's namespace */
         uint64_t server_used, server_max, server_evicted, server_keys; /* the server's INFO, when last read */
         int64_t server_seen_ns; /* when (CLOCK_REALTIME ns); 0: never */
         uint64_t bytes_in, bytes_out;
@@ -104,6 +136,10 @@ struct kfs_remote_counts {
 /* Parses fs->o.remote (redis://HOST[:PORT][/DB] or unix:PATH) and remote_auth; -EINVAL with a message
  * on stderr. Starts nothing. */
 int kfs_remote_init(struct kfs *fs);
+/* Publishers' names, ':'-separated (remote_publish=, remote_trusted=): how many, or -EINVAL where one is
+ * not [a-z0-9_-]{1,32} or there are more than max. With out, each is written there as its namespace,
+ * "p:NAME", in slots of each bytes. */
+int kfs_remote_names(const char *list, char *out, size_t each, int max);
 void kfs_remote_start(struct kfs *fs);
 void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);
@@ -125,6 +161,10 @@ void kfs_remote_touch(struct kfs *fs, uint64_t bino);
 void kfs_remote_counts(struct kfs *fs, struct kfs_remote_counts *c);
 /* kcache zero: the counters back to 0. */
 void kfs_remote_zero(struct kfs *fs);
+/* The namespaces a lookup of uid's asks, in order, as key prefixes separated by spaces ("kcfs:1:u1000:
+ * kcfs:1:p:ci:"): the first is where uid's entries are published from this mount. snprintf's return;
+ * -ENODATA when off. */
+int kfs_remote_namespaces(const struct kfs *fs, uid_t uid, char *buf, size_t size);
 /* "redis://host:port/db" or "unix:/path", as in use; NULL when off. */
 const char *kfs_remote_where(const struct kfs *fs);
 

@@ -2,7 +2,8 @@
  * what every node's local tier hides. The open path only adds an inode number to a set; the publisher
  * thread, every remote_touch_s, turns the numbers into their units' keys (through the index's names, as
  * the tree has them now) and sends one TOUCH per batch. A unit the server does not have is not sent: TOUCH
- * of a missing key does nothing. */
+ * of a missing key does nothing. A unit's key is touched in the owner's namespace and in each trusted
+ * publisher's (remote_trusted=), where it may have come from: never a write there. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -38,8 +39,8 @@ static void take_first(void *ud, uint64_t dir, const char *name)
         }
 }
 
-/* The key of the unit that the file bino belongs to, or NULL. */
-static char *unit_key_of(struct kfs *fs, uint64_t bino)
+/* The path of the unit that the file bino belongs to (its marker's) and the uid owning it, or NULL. */
+static char *unit_of(struct kfs *fs, uint64_t bino, uid_t *uid)
 {
         struct first_name f = { 0, NULL };
         if (kidx_names(fs->idx, bino, take_first, &f) <= 0 || !f.name)
@@ -53,7 +54,8 @@ static char *unit_key_of(struct kfs *fs, uint64_t bino)
         if (path && kev_unit_resolve(fs, path, &u) == 0) {
                 struct stat st;
                 if (kfs_remote_shareable(kfs_remote_unit_rt(&u)) && u.n && ktree_stat(&fs->tree, KTREE_ROOT, u.members[0], &st) == 0)
-                        key = kfs_remote_key(st.st_uid, u.members[0]);
+                        if ((key = strdup(u.members[0])))
+                                *uid = st.st_uid;
                 kev_unit_free(&u);
         }
         free(path);
@@ -143,20 +145,37 @@ int64_t kfs_remote_touch_due(struct kfs *fs, int64_t now)
                 uint64_t ino;
                 void *v;
                 while (kmap_next(&set, &pos, &ino, &v)) {
-                        char *key = unit_key_of(fs, ino);
-                        if (!key)
+                        uid_t uid = 0;
+                        char *path = unit_of(fs, ino, &uid);
+                        if (!path)
                                 continue;
-                        uint64_t h = kfs_remote_hash(0, key); /* each unit once, whichever members were opened */
-                        if (kmap_get(&seen, h) || kmap_put(&seen, h, (void *)1) < 0) {
+                        struct kfs_remote_ns ns;
+                        kfs_remote_own_ns(r, uid, path, &ns);
+                        char *key = kfs_remote_key(ns.s, kfs_remote_ns_path(&ns, path));
+                        uint64_t h = key ? kfs_remote_hash(0, key) : 0; /* each unit once, whichever members were opened */
+                        if (!key || kmap_get(&seen, h) || kmap_put(&seen, h, (void *)1) < 0) {
                                 free(key);
+                                free(path);
                                 continue;
                         }
-                        batch[n++] = key;
-                        if (n == TOUCH_BATCH) {
+                        /* The unit may have come from a trusted publisher's namespace (its files here are the
+                         * asker's, and say nothing of where they came from): the same path there is touched
+                         * too. TOUCH is a read to the server's ACLs (%R~ lets it), and a key that is not
+                         * there is no cost. */
+                        if (n + 1 + r->ntrusted > TOUCH_BATCH) {
                                 send_batch(r, batch, n);
                                 while (n)
                                         free(batch[--n]);
                         }
+                        batch[n++] = key;
+                        for (unsigned i = 0; i < r->ntrusted; i++) {
+                                struct kfs_remote_ns t = { .trusted = true };
+                                memcpy(t.s, r->trusted[i], sizeof(t.s));
+                                kfs_remote_ns_home(&t, uid, path);
+                                if (strcmp(t.s, ns.s) && (key = kfs_remote_key(t.s, kfs_remote_ns_path(&t, path))))
+                                        batch[n++] = key;
+                        }
+                        free(path);
                 }
                 send_batch(r, batch, n);
                 while (n)

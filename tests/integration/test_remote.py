@@ -475,7 +475,8 @@ def acl_redis(workdir):
     d, _ = workdir
     p = private_dir(d)
     with open(CONTRIB_ACL) as f:
-        acl = f.read().replace("CHANGE-ME-nodes-secret", "nodes-secret").replace("CHANGE-ME-admin-secret", "admin-secret")
+        acl = (f.read().replace("CHANGE-ME-nodes-secret", "nodes-secret").replace("CHANGE-ME-admin-secret", "admin-secret")
+               .replace("CHANGE-ME-ci-secret", "ci-secret"))
     with open(os.path.join(p, "users.acl"), "w") as f:
         f.write(acl)
     r = Redis(p, extra=["--aclfile", os.path.join(p, "users.acl")])
