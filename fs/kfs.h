@@ -117,6 +117,7 @@ struct kfs_opts {
         char *remote_url;         /* -o remote=: the shared tier (remote/remote.h), or NULL */
         char *remote_auth;        /* -o remote_auth=FILE: its password, or user and password */
         char *remote_publish;     /* -o remote_publish=NAME: units go to publisher NAME's namespace */
+        char *remote_publisher;   /* -o remote_publisher=USER|UID: whose units remote_publish= takes (the mounter's) */
         char *remote_trusted;     /* -o remote_trusted=NAME[:NAME...]: publishers' namespaces read, in order */
         unsigned remote_timeout_ms; /* a lookup's deadline for the server */
         double remote_negative_s; /* a miss of the server remembered this long */

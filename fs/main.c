@@ -108,8 +108,10 @@ static void usage(const char *prog)
                "                            (0.1 to 86400), so that its LRU keeps them; default 60\n"
                "    -o herd_wait=S          a lookup of a compile's output that another node is compiling\n"
                "                            waits up to S seconds for it (0 to 3600); default 0: never\n"
-               "    -o remote_publish=NAME  store every entry in trusted publisher NAME's namespace (a CI or\n"
-               "                            admin account's mount, with its ACL user in remote_auth=)\n"
+               "    -o remote_publish=NAME  store the publishing account's entries in trusted publisher NAME's\n"
+               "                            namespace (with its ACL user in remote_auth=); others' entries\n"
+               "                            go to their own namespaces as ever\n"
+               "    -o remote_publisher=USER  the publishing account (a name or uid); default: who mounts\n"
                "    -o remote_trusted=LIST  on a miss in the user's own namespace, read these publishers'\n"
                "                            namespaces, NAME[:NAME...] (at most 8), in order; read only\n"
                "\n"
@@ -211,6 +213,11 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         if (o->remote_publish && kfs_remote_names(o->remote_publish, NULL, 0, 1) != 1)
                 return fail("invalid remote_publish '%s': expected a name of 1 to 32 of a-z 0-9 _ -",
                             o->remote_publish);
+        if (o->remote_publisher && !o->remote_publish)
+                return fail("remote_publisher= needs remote_publish=");
+        uid_t pu;
+        if (o->remote_publisher && kfs_remote_publisher_uid(o->remote_publisher, &pu) < 0)
+                return fail("invalid remote_publisher '%s': no such user", o->remote_publisher);
         if (o->remote_trusted && kfs_remote_names(o->remote_trusted, NULL, 0, 8) < 1)
                 return fail("invalid remote_trusted '%s': expected 1 to 8 names of 1 to 32 of a-z 0-9 _ -, "
                             "separated by ':'", o->remote_trusted);

@@ -147,6 +147,7 @@ void kfs_free_opts(struct kfs_opts *o)
         free(o->remote_url);
         free(o->remote_auth);
         free(o->remote_publish);
+        free(o->remote_publisher);
         free(o->remote_trusted);
         free(o->backing);
         free(o->mountpoint);
@@ -198,6 +199,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("remote=%s", remote_url),
         OPT("remote_auth=%s", remote_auth),
         OPT("remote_publish=%s", remote_publish),
+        OPT("remote_publisher=%s", remote_publisher),
         OPT("remote_trusted=%s", remote_trusted),
         OPT("remote_timeout_ms=%u", remote_timeout_ms),
         OPT("remote_negative_s=%lf", remote_negative_s),

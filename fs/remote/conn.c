@@ -256,7 +256,7 @@ void kfs_remote_ns_home(struct kfs_remote_ns *ns, uid_t uid, const char *path)
 
 void kfs_remote_own_ns(const struct kfs_remote *r, uid_t uid, const char *path, struct kfs_remote_ns *ns)
 {
-        if (r->publish[0])
+        if (r->publish[0] && uid == r->publisher) /* TRUST: the publisher's units alone */
                 memcpy(ns->s, r->publish, sizeof(ns->s));
         else
                 snprintf(ns->s, sizeof(ns->s), "u%u", (unsigned)uid);

@@ -55,8 +55,9 @@ struct kfs_remote {
         unsigned transfer_ms;     /* a unit's transfer deadline */
         double negative_s;        /* misses remembered this long */
         char node[64];            /* this node's name, in published units */
-        char publish[REMOTE_NS_MAX]; /* -o remote_publish=NAME: "p:NAME", where everything goes; "": each
-                                     user's own */
+        char publish[REMOTE_NS_MAX]; /* -o remote_publish=NAME: "p:NAME", where the publisher's units go;
+                                     "": none, each user's own */
+        uid_t publisher;          /* -o remote_publisher=: the one account whose units go there */
         char trusted[REMOTE_TRUSTED_MAX][REMOTE_NS_MAX]; /* -o remote_trusted=: "p:NAME", in order */
         unsigned ntrusted;
         pthread_key_t conn_key;   /* this thread's struct remote_conn */

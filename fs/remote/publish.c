@@ -6,10 +6,10 @@
  *   P1 Only a whole unit of a shareable runtime goes: not busy (a lock or temporary of the runtime in
  *      it), every member a regular file, none changed while it was read.
  *   P2 Into the namespace of the uid that owns every member, and only then (TRUST): a unit with files of
- *      two owners is not published at all. On a remote_publish=NAME mount, every unit goes into the
- *      publisher's namespace "p:NAME" instead, and no user's: the mount is the publisher's (a CI or
- *      admin account's), and its ACL user alone may write there; a node's credentials are refused
- *      (NOPERM), which is a counted error, never the application's.
+ *      two owners is not published at all. On a remote_publish=NAME mount, the publisher's units (those
+ *      of the remote_publisher= account, a CI or admin account) go into "p:NAME" instead, and into no
+ *      user's; its ACL user alone may write there, and a node's credentials are refused (NOPERM),
+ *      which is a counted error, never the application's. Other users' units there go to their own.
  *   P3 The unit's key last-but-none: its markers ("M", "D") are stored only once the unit is, so a
  *      lookup that finds a marker finds the unit (unless the server evicted it since: a miss). */
 #include <errno.h>

@@ -1,6 +1,7 @@
 /* remote.c: the shared tier's state (internal.h): made from the options, started after the mount,
  * stopped before the index closes; its counters, for kcache stats. */
 #include <errno.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,18 @@ int kfs_remote_names(const char *list, char *out, size_t each, int max)
                 if (!*p)
                         return n;
         }
+}
+
+int kfs_remote_publisher_uid(const char *s, uid_t *uid)
+{
+        if (kfs_users_uid(s, uid))
+                return 0;
+        struct passwd pw, *res = NULL;
+        char buf[4096];
+        if (getpwnam_r(s, &pw, buf, sizeof(buf), &res) != 0 || !res)
+                return -EINVAL;
+        *uid = res->pw_uid;
+        return 0;
 }
 
 int kfs_remote_init(struct kfs *fs)
@@ -47,6 +60,11 @@ int kfs_remote_init(struct kfs *fs)
                 return -EINVAL;
         }
         r->ntrusted = (unsigned)nt;
+        r->publisher = getuid(); /* the mounter, as fs->owner will be */
+        if (fs->o.remote_publisher && kfs_remote_publisher_uid(fs->o.remote_publisher, &r->publisher) < 0) {
+                free(r);
+                return -EINVAL;
+        }
         int e = kfs_remote_parse(r, fs->o.remote_url, fs->o.remote_auth);
         if (e < 0) {
                 fs->remote = r;

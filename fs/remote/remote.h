@@ -41,9 +41,12 @@
  * namespace, as files that uid owns: what one user stores is only ever loaded by that user, and a
  * node's daemon never publishes one user's files into another's namespace. Wider sharing is through
  * trusted publishers' namespaces only, which the server's ACLs enforce, not the nodes' honesty
- * (contrib/redis, docs/remote.md): a mount with -o remote_publish=NAME (a CI or admin account's, with
- * the publisher's ACL user in remote_auth) stores everything it publishes into "p:NAME" and no user's,
- * and looks that namespace up as its own; a mount with -o remote_trusted=NAME[:NAME...] asks, after
+ * (contrib/redis, docs/remote.md): a mount with -o remote_publish=NAME (with the publisher's ACL user
+ * in remote_auth) stores the units of one account, the publisher (-o remote_publisher=, by default who
+ * mounts: a CI or admin account), into "p:NAME" and no user's, and looks that namespace up as that
+ * account's own; the units of every other user of that mount go to their own namespaces as on any node
+ * (which the publisher's ACL user may not write: a counted error), so no other user of a shared
+ * publishing node can write the publisher's namespace; a mount with -o remote_trusted=NAME[:NAME...] asks, after
  * the asker's own namespace misses, each of those in order, and writes a hit into the asker's
  * directory as the asker's files, as from the asker's own. The nodes' ACL user may only read (GET,
  * SRANDMEMBER, TOUCH: %R~) a publisher's keys, so a reader never writes, deletes or herd-marks them
@@ -140,6 +143,8 @@ int kfs_remote_init(struct kfs *fs);
  * not [a-z0-9_-]{1,32} or there are more than max. With out, each is written there as its namespace,
  * "p:NAME", in slots of each bytes. */
 int kfs_remote_names(const char *list, char *out, size_t each, int max);
+/* -o remote_publisher=USER|UID: the account (a user name or a decimal uid); -EINVAL if there is none. */
+int kfs_remote_publisher_uid(const char *s, uid_t *uid);
 void kfs_remote_start(struct kfs *fs);
 void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);

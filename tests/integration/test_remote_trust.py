@@ -49,14 +49,22 @@ def test_a_publishers_units_are_loaded_by_every_user_and_another_users_never(kfs
     ci, alice, bob = ensure_user("kcfs-ci"), ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
     nodes = auth_file(d, "kcachefs nodes-secret")
     # the CI account compiles on its node, whose mount publishes with the publisher's ACL user
-    pub = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "publisher-ci ci-secret"))
+    pub = shared(kfs, acl_redis, remote_publish="ci", remote_publisher="kcfs-ci",
+                 remote_auth=auth_file(d, "publisher-ci ci-secret"))
     assert as_user(ci, STORE, pub.mnt, "ci's kernel") == 0
     published(pub)
+    # another user of the publishing node is not the publisher: his unit goes to his own namespace, which
+    # the publisher's ACL user may not write (a counted error), never into the publisher's
+    assert as_user(bob, STORE, pub.mnt, "bob's kernel on the CI node") == 0
+    wait_for(lambda: num(pub, "remote_errors") >= 1, timeout=20, what="bob's publish refused")
+    assert num(pub, "remote_publishes") == 1
+    assert b"bob" not in b"".join(acl_redis.cli("GET", x, raw=True) or b"" for x in keys(acl_redis))
+    pub_errors = num(pub, "remote_errors")
     k = keys(acl_redis)
     assert k and all(x.split(":")[:4] in (["kcfs", "1", "p", "ci"], ["kcfsl", "1", "p", "ci"]) for x in k), k
     # its paths are relative to the CI account's own directory: any user's lookup in theirs finds them
     assert f"kcfs:1:p:ci:{UNIT}/program.bc" in k, k
-    assert num(pub, "remote_errors") == 0
+    assert num(pub, "remote_errors") == pub_errors
     # two users on another node, each in their own directory: both load it, compiling nothing
     a = shared(kfs, acl_redis, remote_trusted="ci", remote_auth=nodes, remote_touch_s="0.2")
     for u in (alice, bob):
@@ -87,7 +95,8 @@ def test_a_node_cannot_write_a_publishers_namespace(kfs, acl_redis, workdir):
     error and never the application's; and the same refusals straight from redis-cli."""
     d, _ = workdir
     bob = ensure_user("kcfs-bob")
-    rogue = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "kcachefs nodes-secret"))
+    rogue = shared(kfs, acl_redis, remote_publish="ci", remote_publisher=str(bob.pw_uid),
+                   remote_auth=auth_file(d, "kcachefs nodes-secret"))
     assert as_user(bob, STORE, rogue.mnt, "bob's kernel") == 0
     wait_for(lambda: num(rogue, "remote_errors") >= 1, timeout=20, what="the refused publish counted")
     assert num(rogue, "remote_publishes") == 0
@@ -155,6 +164,9 @@ def test_the_own_namespace_first_then_the_trusted_in_order_each_miss_remembered(
 
 @pytest.mark.parametrize("opts,why", [({"remote_publish": "CI"}, "invalid remote_publish"),
                                       ({"remote_publish": "a" * 33}, "invalid remote_publish"),
+                                      ({"remote_publish": "ci", "remote_publisher": "kcfs-no-such-user"},
+                                       "invalid remote_publisher"),
+                                      ({"remote_publisher": "0"}, "remote_publisher= needs remote_publish="),
                                       ({"remote_trusted": "ci::admin"}, "invalid remote_trusted"),
                                       ({"remote_trusted": ":".join("n%d" % i for i in range(9))}, "invalid remote_trusted"),
                                       ({"remote_trusted": "ci", "remote": None}, "remote_trusted= needs remote=")])
@@ -211,7 +223,8 @@ def test_real_pocl_a_publishers_programs_compile_for_nobody_else(kfs, acl_redis,
     programs and compile nothing, with the same results."""
     d, _ = workdir
     ci, alice, bob = ensure_user("kcfs-ci"), ensure_user("kcfs-alice"), ensure_user("kcfs-bob")
-    pub = shared(kfs, acl_redis, remote_publish="ci", remote_auth=auth_file(d, "publisher-ci ci-secret"))
+    pub = shared(kfs, acl_redis, remote_publish="ci", remote_publisher="kcfs-ci",
+                 remote_auth=auth_file(d, "publisher-ci ci-secret"))
     a = shared(kfs, acl_redis, remote_trusted="ci", remote_auth=auth_file(d, "kcachefs nodes-secret"))
 
     def cache_of(m, u):
