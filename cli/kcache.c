@@ -124,6 +124,28 @@ struct kc_users {
         int n;
 };
 
+/* Never evicted: pinned in the index, or a runtime's lock, counters or settings by its name
+ * (common/runtimes.c, krt_is_kept_path: what fs/evict/units.c protects). Pins by the mount's -o pin=
+ * patterns are the daemon's to know and are not among them. */
+static bool kc_never_evicted(const struct kidx_entry *e)
+{
+        return e->pinned || krt_is_kept_path(e->path);
+}
+
+struct kc_kept {
+        uint64_t files, bytes;
+};
+
+static int kc_kept_row(void *ud, const struct kidx_entry *e)
+{
+        struct kc_kept *k = ud;
+        if (kc_never_evicted(e)) {
+                k->files++;
+                k->bytes += e->bytes;
+        }
+        return 0;
+}
+
 static void kc_user_row(void *ud, uint32_t uid, uint64_t files, uint64_t bytes)
 {
         struct kc_users *u = ud;
@@ -378,6 +400,12 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                                        " got it, %" PRIu64 " compiled after all\n", kc_num(mount, "herd_waits"),
                                        kc_num(mount, "herd_served"), kc_num(mount, "herd_gave_up"));
                 }
+                struct kc_kept kept = { 0 };
+                if (users && kidx_reader_list(rd, false, 0, "", kc_kept_row, &kept) >= 0) {
+                        kc_human(kept.bytes, a, sizeof(a));
+                        printf("kept        %" PRIu64 " files (%s) never evicted: pinned, or a runtime's locks, "
+                               "counters and settings\n", kept.files, a);
+                }
                 uint64_t refetches = kc_num(mount, "refetches"), refused = kc_num(mount, "refused_writes");
                 if (refetches) { /* the limit is too small for the working set (kcachefs(8), SIZING) */
                         kc_human(kc_num(mount, "refetch_bytes"), a, sizeof(a));
@@ -407,6 +435,8 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
 
 struct kc_ls {
         bool json;
+        bool lru;      /* the eviction order: what is never evicted is not in it (kc_never_evicted) */
+        uint64_t max;  /* rows to print; 0: all */
         uint64_t rows; /* printed so far */
 };
 
@@ -414,6 +444,10 @@ struct kc_ls {
 static int kc_ls_row(void *ud, const struct kidx_entry *e)
 {
         struct kc_ls *ls = ud;
+        if (ls->lru && kc_never_evicted(e))
+                return 0;
+        if (ls->max && ls->rows >= ls->max)
+                return 1;
         if (ls->json) {
                 printf("%s\n  {\"path\":", ls->rows++ ? "," : "");
                 kc_put_json(stdout, e->path);
@@ -511,7 +545,9 @@ static int kc_cmd_ls(const struct kc_verb *v, int argc, char **argv)
         else
                 printf("%10s  %-29s  %6s  %s  %s\n", "SIZE", "LAST ACCESS", "OPENS", "   ",
                        mru ? "PATH (most recent first)" : "PATH (next to be evicted first)");
-        r = kidx_reader_list(rd, mru, n, prefix, kc_ls_row, &ls);
+        ls.lru = !mru;
+        ls.max = n; /* counted here: the rows left out are not among them */
+        r = kidx_reader_list(rd, mru, 0, prefix, kc_ls_row, &ls);
         kidx_reader_close(rd);
         if (ls.json)
                 printf("%s]\n", ls.rows ? "\n" : "");
@@ -878,7 +914,8 @@ static const struct kc_verb kc_verbs[] = {
           NULL },
         { "ls", kc_cmd_ls,
           { { "[MOUNT] [PATH] [--lru|--mru] [-n N] [--json]", "files in eviction order with size, last access, opens" } },
-          "  --lru          the next to be evicted first (the default)\n"
+          "  --lru          the next to be evicted first (the default); what is never evicted (pinned,\n"
+          "                 a runtime's locks, counters, settings) is not listed\n"
           "  --mru          the most recently used first\n"
           "  -n N           at most N files\n"
           "  --json         a JSON array, one object per file\n" },

@@ -30,9 +30,12 @@ static const char *const pyopencl_out[] = { "info", "binary", NULL };
 static const char *const kcache_out[] = { "*.kce", NULL };
 static const char *const cupy_out[] = { "*.cubin", NULL };
 static const char *const ccache_keep[] = { "ccache.conf", NULL };       /* its settings (max_size among them) */
+/* ccache's statistics: a stats file in each of its 16 directories and their 256 subdirectories (0/stats,
+ * a/b/stats), counters it rewrites (temp and rename) after every compile. They are kept like NEO's
+ * config.file, about 1 MiB in all once every directory has one: evicted by recency, as they were, a
+ * rarely used directory's counters went and ccache -s undercounted (25 hits of 30). */
+static const char *const ccache_keep_tail[] = { "[0-9a-f]/stats", NULL };
 
-/* ccache's stats files (one per directory, 272 of them) are counters ccache rewrites as it goes: they
- * are evicted like its results, by recency, instead of holding 1 MiB of a small cache for good. */
 const struct krt_desc krt_table[KRT__COUNT] = {
         [KRT_AUTO] = { .name = "auto", .what = "recognised by its layout" },
         [KRT_FILE] = { .name = "file", .what = "one file per entry" },
@@ -94,7 +97,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         },
         [KRT_CCACHE] = {
                 .name = "ccache", .what = "ccache", .dir = "ccache", .env = "export CCACHE_DIR='@DIR@' CCACHE_MAXSIZE=0",
-                .env_default = true, .keep = ccache_keep,
+                .env_default = true, .keep = ccache_keep, .keep_tail = ccache_keep_tail,
         },
         [KRT_INDUCTOR] = {
                 .name = "inductor", .what = "PyTorch Inductor", .dir = "inductor",
@@ -182,12 +185,16 @@ bool krt_is_kept_path(const char *path)
         dir[dl] = '\0';
         size_t pl;
         const char *parent = base_of(dir, &pl);
+        const char *tail = path + (parent - dir); /* "parent/name" */
         for (int i = 0; i < KRT__COUNT; i++) {
                 bool in_root = false;
                 for (const char *const *r = krt_table[i].roots; r && *r && !in_root; r++)
                         in_root = !strncmp(parent, *r, strlen(*r));
                 for (const char *const *k = krt_table[i].keep_in_root; in_root && k && *k; k++)
                         if (!strcmp(b, *k))
+                                return true;
+                for (const char *const *k = krt_table[i].keep_tail; k && *k; k++)
+                        if (fnmatch(*k, tail, FNM_PATHNAME) == 0)
                                 return true;
         }
         return false;

@@ -38,6 +38,10 @@ struct krt_desc {
         /* Names never evicted directly in one of those roots, and only there: a common name (Mesa's
          * index) is the runtime's only in its own layout (NULL-terminated, or NULL). */
         const char *const *keep_in_root;
+        /* Names never evicted by their directory's name and their own, fnmatch patterns on "dir/name"
+         * (ccache's [0-9a-f]/stats): a common name that is the runtime's only in such a directory
+         * (NULL-terminated, or NULL). */
+        const char *const *keep_tail;
         /* The directory holds other programs' caches too (XDG_CACHE_HOME): kcache env does not mark it as
          * this runtime's (fs/evict/marks.c), and recognition goes by layout there. */
         bool dir_shared;
@@ -58,8 +62,8 @@ extern const struct krt_desc krt_table[KRT__COUNT];
 int krt_by_name(const char *name);
 /* Whether name (a file's last component) is one of some runtime's keep names, or a lock (*.lock). */
 bool krt_is_kept_name(const char *name);
-/* Whether the file at path (relative to the cache's root) is never evicted: a kept name, or a name kept
- * in the runtime's own root directory, directly in one. */
+/* Whether the file at path (relative to the cache's root) is never evicted: a kept name, a name kept
+ * in the runtime's own root directory, directly in one, or a "dir/name" tail kept (keep_tail). */
 bool krt_is_kept_path(const char *path);
 /* Whether the file at path (relative) is one of some runtime's temporary files, or in one of their
  * temporary directories. */

@@ -228,7 +228,8 @@ struct kev_counts {
         uint64_t descents;        /* background descents */
         uint64_t refetches;       /* names evicted lately that came back: misses the limit caused */
         uint64_t refetch_bytes;   /* what those names held when they were evicted */
-        uint64_t suggested_max_bytes; /* a limit that would have kept 90% of them; 0: no refetch */
+        uint64_t suggested_max_bytes; /* a limit that would have kept 90% of them, at the
+                                     current low watermark; 0: no refetch */
         uint64_t refused_writes;  /* writes refused with nothing left to evict (open, pinned, young) */
         uint64_t refused_need_bytes; /* the largest limit one of them needed */
 };

@@ -124,7 +124,8 @@ struct kev_misses {
         uint64_t evicted_bytes;   /* since mount; lock */
         uint64_t refetches, refetch_bytes; /* lock */
         uint64_t buckets[KEV_MISS_BUCKETS]; /* refetches by the bytes evicted from their eviction to their
-                                     return, their own included, 4 buckets per power of two; lock */
+                                     return, their own included, plus the bytes used at their return
+                                     (misses.c says why), 4 buckets per power of two; lock */
         uint64_t refused, refused_need; /* writes refused with nothing left to evict, and the largest
                                            limit one of them needed; lock */
 };

@@ -6,10 +6,19 @@
  * removes are remembered, the last MISS_WINDOW of them (a hash of the path, the bytes, and how many
  * bytes had been evicted before it), and a regular file that appears again under one of them (created,
  * or renamed into place: most runtimes store by temp and rename) is a refetch, a miss the limit caused.
- * A limit that would have kept it is larger by what was evicted after it, which LRU took only because
- * they were older still: the bytes evicted between its eviction and its return, plus its own. The
- * refetches' such distances go into quarter-octave buckets, and the limit suggested is max_size plus the
- * distance that covers 90% of them (rounded up to its bucket's top: at most 19% more).
+ * A limit that would have kept it must hold, at the low watermark, everything used between the name's last
+ * use and its return, and everything never evicted. Both are in one sum: the bytes evicted between its
+ * eviction and its return, its own included (the distance), plus the bytes used when it returns. At its
+ * eviction the cache held it and what was used after it (LRU took it as the oldest), plus what is never
+ * evicted (kept names, pins, open files); each byte stored since went in by evicting one, or is in the
+ * used bytes still. So distance + used at the return = (what was used between, as a working set) + (what
+ * never goes), whatever the limit was, measured in bytes the limit counts. An earlier version suggested
+ * max_size plus the distance: right for a cache that evicts only at its limit, but the descent evicts to
+ * the low watermark (evict.h, HOW FAR), so a working set that fits under max_size and not under the low
+ * watermark is evicted on every pass (ccache at the suggested 9.0 MiB: 0 hits of 30; at 9.9 MiB, 30). The
+ * sums go into quarter-octave buckets, and the limit suggested is the sum that covers 90% of the
+ * refetches (rounded up to its bucket's top: at most 19% more, the room for what is in flight), divided
+ * by the low watermark: kept there, the descent does not reach them.
  *
  * REFUSED WRITES. A write that cannot fit even with everything evictable gone fails with ENOSPC (evict.h,
  * ALL OR NOTHING): the rest is open, pinned or young (a runtime's stores in flight). Each such refusal is
@@ -106,18 +115,25 @@ void kev_miss_made(struct kfs *fs, int dfd, const char *name)
         char dir[PATH_MAX];
         if (!atomic_load(&m->on) || dir_rel(fs, dfd, dir, sizeof(dir)) < 0)
                 return;
-        uint64_t h = path_hash(dir, name);
+        uint64_t h = path_hash(dir, name), distance = 0;
+        bool refetch = false;
         pthread_mutex_lock(&m->lock);
         uintptr_t at = (uintptr_t)kmap_get(&m->at, h);
         if (at && m->slot[at - 1].hash == h) {
                 struct kev_miss_slot *s = &m->slot[at - 1];
-                uint64_t distance = m->evicted_bytes - s->evicted_before; /* its own bytes and all after it */
-                m->buckets[bucket_of(distance)]++;
+                distance = m->evicted_bytes - s->evicted_before; /* its own bytes and all after it */
+                refetch = true;
                 m->refetches++;
                 m->refetch_bytes += s->bytes;
                 kmap_del(&m->at, h);
                 s->hash = 0; /* counted once */
         }
+        pthread_mutex_unlock(&m->lock);
+        if (!refetch)
+                return;
+        uint64_t used = kidx_used(fs->idx); /* not under m->lock, a leaf (kfs.h, LOCK ORDER) */
+        pthread_mutex_lock(&m->lock);
+        m->buckets[bucket_of(distance + used)]++;
         pthread_mutex_unlock(&m->lock);
 }
 
@@ -145,7 +161,10 @@ void kev_miss_counts(struct kfs *fs, struct kev_counts *c)
                 unsigned b = 0;
                 for (; b < KEV_MISS_BUCKETS - 1 && (seen += m->buckets[b]) < want; b++)
                         ;
-                c->suggested_max_bytes = fs->o.max_size + bucket_top(b);
+                /* bucket_top(b) < 2^63 (b < KEV_MISS_BUCKETS): * 100 / low fits, low >= 1 */
+                unsigned low = fs->o.low_watermark ? fs->o.low_watermark : 100;
+                uint64_t top = bucket_top(b);
+                c->suggested_max_bytes = top / low * 100 + (top % low * 100 + low - 1) / low;
         }
         pthread_mutex_unlock(&m->lock);
 }

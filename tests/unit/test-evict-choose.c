@@ -470,6 +470,11 @@ static void test_runtime_descriptors(void)
         CHECK(!krt_is_kept_path("cuda/ComputeCache/index"));
         CHECK(!krt_is_kept_path("m/mesa_shader_cache/0a/index"));
         CHECK(krt_is_kept_path("x/neo/config.file"));
+        /* ccache's counters, in its directories and their subdirectories; a stats file elsewhere goes. */
+        CHECK(krt_is_kept_path("ccache/0/stats") && krt_is_kept_path("ccache/a/b/stats") &&
+              krt_is_kept_path("f/stats"));
+        CHECK(!krt_is_kept_path("stats") && !krt_is_kept_path("ccache/ab/stats") &&
+              !krt_is_kept_path("x/g/stats") && !krt_is_kept_path("ccache/0/stats2"));
         CHECK(krt_is_root_dir("xdg/pytools/pdict-v4-x") && krt_is_root_dir("mesa_shader_cache_db"));
         /* Temporary names, as the descriptors give them. */
         const char *temp[] = { "neo/cl_cache.AbC123", "pocl/tempfile-1234", "pocl/ab/x.temp",
