@@ -14,6 +14,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -27,6 +28,7 @@
 #include <unistd.h>
 
 #include "args.h"
+#include "export.h"
 #include "kcache.h"
 #include "quote.h"
 #include "show.h"
@@ -117,13 +119,6 @@ const char *kc_perm_hint(int e)
 
 /* ---- stats ---- */
 
-struct kc_users {
-        FILE *out;
-        int mode; /* 0 human, 1 json, 2 prometheus */
-        const char *mount;
-        int n;
-};
-
 /* Never evicted: pinned in the index, or a runtime's lock, counters or settings by its name
  * (common/runtimes.c, krt_is_kept_path: what fs/evict/units.c protects). Pins by the mount's -o pin=
  * patterns are the daemon's to know and are not among them. */
@@ -146,22 +141,13 @@ static int kc_kept_row(void *ud, const struct kidx_entry *e)
         return 0;
 }
 
+/* One user's row of the plain output (--json and --prometheus: export.c). */
 static void kc_user_row(void *ud, uint32_t uid, uint64_t files, uint64_t bytes)
 {
-        struct kc_users *u = ud;
         char h[32];
-        if (u->mode == 0) {
-                kc_human(bytes, h, sizeof(h));
-                fprintf(u->out, "  uid %-8u %10s in %" PRIu64 " files\n", uid, h, files);
-        } else if (u->mode == 1) {
-                fprintf(u->out, "%s{\"uid\":%u,\"files\":%" PRIu64 ",\"bytes\":%" PRIu64 "}", u->n ? "," : "", uid, files,
-                        bytes);
-        } else {
-                fputs("kcachefs_user_used_bytes{mount=", u->out);
-                kc_put_prom(u->out, u->mount);
-                fprintf(u->out, ",uid=\"%u\"} %" PRIu64 "\n", uid, bytes);
-        }
-        u->n++;
+        (void)ud;
+        kc_human(bytes, h, sizeof(h));
+        printf("  uid %-8u %10s in %" PRIu64 " files\n", uid, h, files);
 }
 
 /* Zeroes the daemon's statistics counters (fs/control.c, zero): hits, bytes served, evictions, waits,
@@ -231,18 +217,22 @@ static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
                 *trusted++ = '\0';
         bool publisher = !strncmp(ns, "kcfs:1:p:", 9);
         if (json) {
-                printf("{\"mount\":");
-                kc_put_json(stdout, mount);
-                printf(",\"server\":");
-                kc_put_json(stdout, where);
-                printf(",\"namespace\":\"%s\",\"trusted\":[", ns);
-                for (char *t = trusted, *save = NULL, *w = t ? strtok_r(t, " ", &save) : NULL; w;
+                json_object *o = json_object_new_object();
+                if (!o)
+                        return kc_fail("out of memory");
+                json_object_object_add(o, "mount", json_object_new_string(mount));
+                json_object_object_add(o, "server", json_object_new_string(where));
+                json_object_object_add(o, "namespace", json_object_new_string(ns));
+                json_object *tr = json_object_new_array();
+                for (char *save = NULL, *w = trusted ? strtok_r(trusted, " ", &save) : NULL; w;
                      w = strtok_r(NULL, " ", &save))
-                        printf("%s\"%s\"", w == t ? "" : ",", w);
-                printf("]");
+                        json_object_array_add(tr, json_object_new_string(w));
+                json_object_object_add(o, "trusted", tr);
                 for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-                        printf(",\"%s\":%" PRIu64, names[i], kc_num(mount, names[i]));
-                printf("}\n");
+                        json_object_object_add(o, names[i], json_object_new_uint64(kc_num(mount, names[i])));
+                kc_json_write(stdout, o);
+                putchar('\n');
+                json_object_put(o);
                 return KC_EXIT_OK;
         }
         char a[32], b[32];
@@ -274,15 +264,45 @@ static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
         return KC_EXIT_OK;
 }
 
+/* kcache stats --json or --prometheus [-o FILE]: one reading of the daemon's stats (export.h), the mount
+ * named by its real path. */
+static int kc_stats_export(const char *mount, bool json, const char *output, kidx_reader *rd)
+{
+        char real[PATH_MAX];
+        json_object *stats = NULL;
+        struct kc_out out;
+        int r = realpath(mount, real) ? kc_stats_read(mount, &stats) : -errno;
+        if (r < 0) {
+                kidx_reader_close(rd);
+                return kc_fail("%s: cannot read the statistics: %s", mount, strerror(-r));
+        }
+        struct kc_kept kept = { 0 }; /* the index's to say, not the daemon's: with read access to it */
+        if (rd && kidx_reader_list(rd, false, 0, "", kc_kept_row, &kept) >= 0) {
+                json_object_object_add(stats, "kept_files", json_object_new_uint64(kept.files));
+                json_object_object_add(stats, "kept_bytes", json_object_new_uint64(kept.bytes));
+        }
+        if ((r = kc_out_open(&out, output)) == 0) {
+                r = json ? kc_stats_json(out.f, real, stats, rd) : kc_stats_prometheus(out.f, real, stats, rd);
+                if (r < 0 && r != -EIO) /* a failed write is said by kc_out_close */
+                        kc_fail("%s: %s", mount, strerror(-r));
+                r = kc_out_close(&out, r == 0) < 0 ? -EIO : r;
+        }
+        json_object_put(stats);
+        kidx_reader_close(rd);
+        return r < 0 ? KC_EXIT_FAILED : KC_EXIT_OK;
+}
+
 static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
 {
         static const struct option longs[] = {
                 { "json", no_argument, NULL, KC_O_JSON }, { "prometheus", no_argument, NULL, KC_O_PROMETHEUS },
-                { "zero", no_argument, NULL, 'z' }, { "help", no_argument, NULL, 'h' }, { 0 },
+                { "zero", no_argument, NULL, 'z' }, { "output", required_argument, NULL, 'o' },
+                { "help", no_argument, NULL, 'h' }, { 0 },
         };
         int mode = 0, opt; /* 0 human, 1 json, 2 prometheus */
         bool zero = false;
-        while ((opt = kc_opt(v, argc, argv, "z", longs)) != -1) {
+        const char *output = NULL;
+        while ((opt = kc_opt(v, argc, argv, "zo:", longs)) != -1) {
                 if (opt == KC_O_JSON || opt == KC_O_PROMETHEUS) {
                         int m = opt == KC_O_JSON ? 1 : 2;
                         if (mode && mode != m)
@@ -290,62 +310,28 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                         mode = m;
                 } else if (opt == 'z') {
                         zero = true;
+                } else if (opt == 'o') {
+                        output = optarg;
                 } else {
                         return opt == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
                 }
         }
         if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
                 return KC_EXIT_USAGE;
+        if (output && !mode)
+                return kc_bad_usage(v, "--output needs --json or --prometheus");
         const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
         if (!mount || (zero && kc_zero(mount)))
                 return KC_EXIT_FAILED;
-        char json[65536], index[PATH_MAX];
-        if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
+        char index[PATH_MAX];
+        if (kc_get(mount, "index", index, sizeof(index)) < 0)
                 return kc_fail("%s: cannot read the statistics: %s", mount, strerror(errno));
         (void)kc_set(mount, "flush", "1"); /* current per-user totals, if we may ask */
         kidx_reader *rd = NULL;
         bool users = kidx_reader_open(index, &rd) == 0; /* needs read access to the index */
-        struct kc_users u = { .out = stdout, .mode = mode, .mount = mount };
-        if (mode == 1) {
-                json[strlen(json) - 1] = '\0'; /* reopen the daemon's object to add the users */
-                printf("%s,\"mount\":", json);
-                kc_put_json(stdout, mount);
-                printf(",\"users\":[");
-                if (users)
-                        kidx_reader_users(rd, kc_user_row, &u);
-                printf("]}\n");
-        } else if (mode == 2) {
-                static const char *const metrics[][2] = {
-                        { "max_bytes", "gauge" }, { "used_bytes", "gauge" }, { "free_bytes", "gauge" },
-                        { "files", "gauge" }, { "opens", "counter" }, { "bytes_read", "counter" },
-                        { "evicted_files", "counter" }, { "evicted_bytes", "counter" }, { "rebuilds", "counter" },
-                        { "passthrough_opens", "counter" }, { "ring_requests", "counter" },
-                        { "helped_writes", "counter" }, { "blocked_writes", "counter" },
-                        { "background_evictions", "counter" }, { "index_bytes", "gauge" },
-                        { "wal_bytes", "gauge" }, { "inode_fds", "gauge" }, { "fd_reopens", "counter" },
-                        { "refetches", "counter" }, { "refetch_bytes", "counter" },
-                        { "suggested_max_bytes", "gauge" }, { "refused_writes", "counter" },
-                        { "refused_need_bytes", "gauge" }, { "inodes", "gauge" }, { "detached_inodes", "gauge" },
-                        { "pruned_names", "counter" }, { "remote_hits", "counter" }, { "remote_misses", "counter" },
-                        { "remote_remembered", "counter" }, { "remote_timeouts", "counter" },
-                        { "remote_errors", "counter" }, { "remote_corrupt", "counter" }, { "remote_dirs", "counter" },
-                        { "remote_publishes", "counter" }, { "remote_published_before", "counter" },
-                        { "remote_touches", "counter" }, { "herd_waits", "counter" }, { "herd_served", "counter" },
-                        { "herd_gave_up", "counter" },
-                        { "remote_bytes_in", "counter" }, { "remote_bytes_out", "counter" },
-                };
-                for (size_t i = 0; i < sizeof(metrics) / sizeof(metrics[0]); i++) {
-                        const char *name = metrics[i][0], *type = metrics[i][1];
-                        const char *suffix = !strcmp(type, "counter") ? "_total" : "";
-                        printf("# TYPE kcachefs_%s%s %s\nkcachefs_%s%s{mount=", name, suffix, type, name, suffix);
-                        kc_put_prom(stdout, mount);
-                        printf("} %" PRIu64 "\n", kc_num(mount, name));
-                }
-                if (users) {
-                        printf("# TYPE kcachefs_user_used_bytes gauge\n");
-                        kidx_reader_users(rd, kc_user_row, &u);
-                }
-        } else {
+        if (mode) /* one reading of the daemon, written by export.c */
+                return kc_stats_export(mount, mode == 1, output, users ? rd : NULL);
+        { /* the plain output */
                 char a[32], b[32], c[32], d[32], e[32];
                 uint64_t max = kc_num(mount, "max_bytes"), used = kc_num(mount, "used_bytes");
                 kc_human(max, a, sizeof(a));
@@ -420,7 +406,7 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                 }
                 if (users) {
                         printf("per user\n");
-                        kidx_reader_users(rd, kc_user_row, &u);
+                        kidx_reader_users(rd, kc_user_row, NULL);
                 } else {
                         printf("per user    (needs read access to the index ");
                         kc_put_shell(stdout, index);
@@ -440,7 +426,9 @@ struct kc_ls {
         uint64_t rows; /* printed so far */
 };
 
-/* One file: a row of columns (the name last, quoted: quote.h), or an object of the JSON array. */
+/* One file: a row of columns (the name last, quoted: quote.h), or an object of the JSON array. The
+ * array streams, one json-c object a line between brackets written here, so that a listing of millions of
+ * files never sits whole in memory. */
 static int kc_ls_row(void *ud, const struct kidx_entry *e)
 {
         struct kc_ls *ls = ud;
@@ -449,13 +437,21 @@ static int kc_ls_row(void *ud, const struct kidx_entry *e)
         if (ls->max && ls->rows >= ls->max)
                 return 1;
         if (ls->json) {
-                printf("%s\n  {\"path\":", ls->rows++ ? "," : "");
-                kc_put_json(stdout, e->path);
-                printf(",\"bytes\":%" PRIu64 ",\"atime_ns\":%lld,\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64
-                       ",\"pinned\":%s,\"uid\":%u,\"ino\":%" PRIu64 "}",
-                       e->bytes, (long long)e->atime_ns, e->opens, e->bytes_read, e->pinned ? "true" : "false",
-                       e->uid, e->ino);
-                return 0;
+                json_object *o = json_object_new_object();
+                if (!o)
+                        return -ENOMEM;
+                json_object_object_add(o, "path", json_object_new_string(e->path));
+                json_object_object_add(o, "bytes", json_object_new_uint64(e->bytes));
+                json_object_object_add(o, "atime_ns", json_object_new_int64(e->atime_ns));
+                json_object_object_add(o, "opens", json_object_new_uint64(e->opens));
+                json_object_object_add(o, "bytes_read", json_object_new_uint64(e->bytes_read));
+                json_object_object_add(o, "pinned", json_object_new_boolean(e->pinned));
+                json_object_object_add(o, "uid", json_object_new_int64(e->uid));
+                json_object_object_add(o, "ino", json_object_new_uint64(e->ino));
+                fputs(ls->rows++ ? ",\n  " : "\n  ", stdout);
+                int r = kc_json_write(stdout, o);
+                json_object_put(o);
+                return r;
         }
         char when[64], h[32];
         time_t t = (time_t)(e->atime_ns / 1000000000LL);
@@ -902,9 +898,12 @@ static int kc_cmd_show(const struct kc_verb *v, int argc, char **argv)
 /* The verbs, in the order of the usage. kcache(1)'s SYNOPSIS and DESCRIPTION say the same. */
 static const struct kc_verb kc_verbs[] = {
         { "stats", kc_cmd_stats,
-          { { "[MOUNT] [--json|--prometheus] [-z|--zero]", "limit, use, files, hits, evictions, per-user usage" } },
+          { { "[MOUNT] [--json|--prometheus] [-o FILE] [-z|--zero]", "limit, use, files, hits, evictions, per-user usage" } },
           "  --json         one JSON object, stable keys (max_bytes, used_bytes, files, ...)\n"
           "  --prometheus   the Prometheus text format, for a node exporter's textfile collector\n"
+          "  -o, --output FILE\n"
+          "                 with --json or --prometheus: replace FILE atomically (a temporary file\n"
+          "                 beside it, renamed over it once whole), instead of writing to stdout\n"
           "  -z, --zero     zero the statistics counters first (as kcache zero), then print\n" },
         { "remote", kc_cmd_remote,
           { { "[MOUNT] [--json]", "the shared tier: its server, your namespace, its use, this node's counters" } },
@@ -984,5 +983,11 @@ int main(int argc, char **argv)
         const struct kc_verb *v = kc_verb_by_name(cmd);
         if (!v)
                 return kc_bad_usage(NULL, "unknown command '%s'", cmd);
-        return v->run(v, argc, argv);
+        int rc = v->run(v, argc, argv);
+        /* What stdio still holds is written now: a full disk or a closed pipe must not pass for success
+         * (a verb that failed has said why already). */
+        errno = 0;
+        if (rc == KC_EXIT_OK && (fflush(stdout) != 0 || ferror(stdout)))
+                rc = kc_fail("cannot write the output: %s", strerror(errno ? errno : EIO));
+        return rc;
 }

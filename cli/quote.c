@@ -2,9 +2,11 @@
  *
  * What must stay true: no function here writes a byte below 0x20, DEL, or a C1 control (raw or encoded
  * as UTF-8) of the name as is; each output is a deterministic function of the name's bytes; the shell and
- * JSON forms can be decoded back to the exact bytes. */
+ * JSON forms can be decoded back to the exact bytes. JSON itself is json-c's: only its strings are ours. */
 #include "quote.h"
 
+#include <errno.h>
+#include <json-c/json.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
@@ -112,28 +114,57 @@ void kc_put_shell(FILE *f, const char *s)
         shell_enter(f, &st, OUT);
 }
 
-void kc_put_json(FILE *f, const char *s)
+/* json-c's serializer for a string (json_object_set_serializer): the rules of quote.h. */
+static int json_name(struct json_object *o, struct printbuf *pb, int level, int flags)
 {
-        const unsigned char *p = (const unsigned char *)s;
-        fputc('"', f);
+        const unsigned char *p = (const unsigned char *)json_object_get_string(o);
+        printbuf_strappend(pb, "\"");
         while (*p) {
                 uint32_t cp;
                 size_t n = utf8_seq(p, &cp);
                 if (!n) {
-                        fprintf(f, "\\udc%02x", *p++);
+                        sprintbuf(pb, "\\udc%02x", *p++);
                         continue;
                 }
                 const char *e = cp == '"' ? "\\\"" : cp == '\\' ? "\\\\" : cp == '\b' ? "\\b" : cp == '\f' ? "\\f"
                               : cp == '\n' ? "\\n" : cp == '\r' ? "\\r" : cp == '\t' ? "\\t" : NULL;
                 if (e)
-                        fputs(e, f);
+                        printbuf_memappend(pb, e, (int)strlen(e));
                 else if (is_control(cp) || cp == 0x2028 || cp == 0x2029)
-                        fprintf(f, "\\u%04x", (unsigned)cp);
+                        sprintbuf(pb, "\\u%04x", (unsigned)cp);
                 else
-                        fwrite(p, 1, n, f);
+                        printbuf_memappend(pb, (const char *)p, (int)n);
                 p += n;
         }
-        fputc('"', f);
+        printbuf_strappend(pb, "\"");
+        return 0;
+}
+
+static void json_names(struct json_object *o)
+{
+        if (json_object_is_type(o, json_type_string)) {
+                json_object_set_serializer(o, json_name, NULL, NULL);
+        } else if (json_object_is_type(o, json_type_array)) {
+                for (size_t i = 0; i < json_object_array_length(o); i++)
+                        json_names(json_object_array_get_idx(o, i));
+        } else if (json_object_is_type(o, json_type_object)) {
+                json_object_object_foreach(o, key, v) {
+                        (void)key;
+                        json_names(v);
+                }
+        }
+}
+
+int kc_json_write(FILE *f, struct json_object *o)
+{
+        json_names(o);
+        const char *text = json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        if (!text) {
+                errno = ENOMEM;
+                return -ENOMEM;
+        }
+        fputs(text, f);
+        return ferror(f) ? -EIO : 0;
 }
 
 void kc_put_prom(FILE *f, const char *s)

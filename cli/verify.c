@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -19,6 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "export.h"
 #include "kcache.h"
 #include "quote.h"
 #include "../index/kidx.h"
@@ -177,58 +179,25 @@ static void kc_report(const char *label, char *path, const char *fmt, ...)
         free(path);
 }
 
-/* The string value of "KEY" in the daemon's stats object, JSON escapes decoded; NULL if absent. Written
- * for any escaping the daemon may use: \uXXXX (UTF-8, or the byte of \udc80-\udcff) and the one-letter ones. */
-static char *kc_json_field(const char *json, const char *key)
-{
-        char pat[64];
-        snprintf(pat, sizeof(pat), "\"%s\":\"", key);
-        const char *p = strstr(json, pat);
-        if (!p)
-                return NULL;
-        p += strlen(pat);
-        char *out = malloc(strlen(p) * 4 + 1), *o = out; /* \uXXXX (6 bytes) decodes to at most 4 */
-        if (!out)
-                return NULL;
-        for (; *p && *p != '"'; p++) {
-                if (*p != '\\') {
-                        *o++ = *p;
-                        continue;
-                }
-                char c = *++p;
-                const char *from = "\"\\/bfnrt", *to = "\"\\/\b\f\n\r\t", *at = c ? strchr(from, c) : NULL;
-                unsigned v;
-                if (at) {
-                        *o++ = to[at - from];
-                } else if (c == 'u' && sscanf(p + 1, "%4x", &v) == 1 && strspn(p + 1, "0123456789abcdefABCDEF") >= 4) {
-                        p += 4;
-                        if (v >= 0xdc80 && v <= 0xdcff)
-                                *o++ = (char)(v & 0xff);
-                        else if (v < 0x80)
-                                *o++ = (char)v;
-                        else if (v < 0x800)
-                                *o++ = (char)(0xc0 | v >> 6), *o++ = (char)(0x80 | (v & 0x3f));
-                        else
-                                *o++ = (char)(0xe0 | v >> 12), *o++ = (char)(0x80 | ((v >> 6) & 0x3f)),
-                                *o++ = (char)(0x80 | (v & 0x3f));
-                } else {
-                        free(out);
-                        return NULL;
-                }
-        }
-        *o = '\0';
-        return out;
-}
-
 /* Returns the number of differences, or -errno. */
 static long kc_compare(const char *mount, bool quiet)
 {
-        char json[65536], index[PATH_MAX];
-        if (kc_get(mount, "stats", json, sizeof(json)) < 0 || kc_get(mount, "index", index, sizeof(index)) < 0)
+        char index[PATH_MAX];
+        json_object *stats;
+        int sr = kc_stats_read(mount, &stats);
+        if (sr < 0)
+                return sr;
+        if (kc_get(mount, "index", index, sizeof(index)) < 0) {
+                json_object_put(stats);
                 return -errno;
-        char *backing = kc_json_field(json, "backing");
+        }
+        /* json-c keeps a string's bytes as the daemon wrote them (fs/control.c, stats_json) */
+        json_object *b = json_object_object_get(stats, "backing");
+        bool given = json_object_is_type(b, json_type_string);
+        char *backing = given ? strdup(json_object_get_string(b)) : NULL;
+        json_object_put(stats);
         if (!backing)
-                return -EPROTO;
+                return given ? -ENOMEM : -EPROTO;
         (void)kc_set(mount, "flush", "1");
         struct kc_scan w = { .t.root = -1, .tty = isatty(STDERR_FILENO) };
         struct kc_names idx = { 0 };

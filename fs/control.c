@@ -21,7 +21,8 @@
  *                      remote_server_keys, remote_server_seen_ns (the server's INFO at the last touches),
  *                      remote_bytes_in, remote_bytes_out, remote_trusted_hits (remote/remote.h),
  *                      remote_namespaces (the caller's, in the order its lookups ask them),
- *                      stats (JSON)
+ *                      stats (all of the above but remote_server_seen_ns, one JSON object made by json-c,
+ *                      with backing and entries besides; stats_json says how its strings are written)
  * Actions (only the mount's owner or root: EPERM otherwise):
  *   on a regular file  pinned=1|0 (also removexattr), evict=1
  *   on the mount root  evict=to=SIZE | evict=older=SECONDS, flush=1, reconcile=1, zero=1 (the statistics
@@ -36,6 +37,8 @@
  * files (PINS, below). */
 #include <errno.h>
 #include <inttypes.h>
+#include <json-c/json.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,23 +83,11 @@ static void inode_counts(struct kfs *fs, uint64_t *live, uint64_t *detached)
         pthread_mutex_unlock(&fs->itable_lock);
 }
 
-/* s as the body of a JSON string: quotes, backslashes and control characters escaped. */
-static const char *json_str(const char *s, char *out, size_t size)
-{
-        size_t o = 0;
-        for (; *s && o + 7 < size; s++) {
-                unsigned char c = (unsigned char)*s;
-                if (c == '"' || c == '\\')
-                        o += (size_t)snprintf(out + o, size - o, "\\%c", c);
-                else if (c < 0x20)
-                        o += (size_t)snprintf(out + o, size - o, "\\u%04x", c);
-                else
-                        out[o++] = (char)c;
-        }
-        out[o] = '\0';
-        return out;
-}
-
+/* The stats object, built with json-c (kcache parses it with json-c too: cli/kcache.c, cli/verify.c).
+ * Its strings are the paths' bytes as they are: json-c escapes what JSON requires (", \\, controls) and
+ * passes every other byte through, so a name that is not UTF-8 reaches kcache whole; kcache's own
+ * outputs are the strict UTF-8 ones (kcache(1), NAMES). Returns the object's length, as snprintf does
+ * (the caller answers E2BIG or ERANGE past size), or -ENOMEM. */
 static int stats_json(struct kfs *fs, char *buf, size_t size)
 {
         struct kidx_stats s;
@@ -105,44 +96,63 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
         kev_counts(fs, &ec);
         uint64_t max = fs->o.max_size, free_b = s.used_bytes < max ? max - s.used_bytes : 0, live, detached;
         inode_counts(fs, &live, &detached);
-        char why[200], how[200], jpt[1300], jhow[1300], jindex[6 * 4096 + 8], jbacking[6 * 4096 + 8], jremote[6 * 600];
+        char why[200], how[200];
         struct kfs_remote_counts rc;
         kfs_remote_counts(fs, &rc);
-        return snprintf(buf, size,
-                        "{\"version\":\"%s\",\"max_bytes\":%" PRIu64 ",\"used_bytes\":%" PRIu64
-                        ",\"free_bytes\":%" PRIu64 ",\"files\":%" PRIu64 ",\"entries\":%" PRIu64
-                        ",\"opens\":%" PRIu64 ",\"bytes_read\":%" PRIu64 ",\"evicted_files\":%" PRIu64
-                        ",\"evicted_bytes\":%" PRIu64 ",\"rebuilds\":%" PRIu64 ",\"low_watermark\":%u"
-                        ",\"index\":\"%s\",\"backing\":\"%s\",\"passthrough\":\"%s\",\"passthrough_opens\":%" PRIu64
-                        ",\"transport\":\"%s\",\"ring_requests\":%" PRIu64 ",\"helped_writes\":%" PRIu64
-                        ",\"blocked_writes\":%" PRIu64 ",\"background_evictions\":%" PRIu64
-                        ",\"index_bytes\":%" PRIu64 ",\"wal_bytes\":%" PRIu64 ",\"inode_fds\":%" PRIu64
-                        ",\"fd_reopens\":%" PRIu64 ",\"refetches\":%" PRIu64 ",\"refetch_bytes\":%" PRIu64
-                        ",\"suggested_max_bytes\":%" PRIu64 ",\"refused_writes\":%" PRIu64
-                        ",\"refused_need_bytes\":%" PRIu64 ",\"inodes\":%" PRIu64 ",\"detached_inodes\":%" PRIu64
-                        ",\"pruned_names\":%" PRIu64 ",\"remote\":\"%s\",\"remote_hits\":%" PRIu64
-                        ",\"remote_misses\":%" PRIu64 ",\"remote_remembered\":%" PRIu64 ",\"remote_timeouts\":%" PRIu64
-                        ",\"remote_errors\":%" PRIu64 ",\"remote_corrupt\":%" PRIu64 ",\"remote_dirs\":%" PRIu64
-                        ",\"remote_publishes\":%" PRIu64 ",\"remote_published_before\":%" PRIu64 ",\"remote_touches\":%" PRIu64
-                        ",\"herd_waits\":%" PRIu64 ",\"herd_served\":%" PRIu64 ",\"herd_gave_up\":%" PRIu64
-                        ",\"remote_server_used_bytes\":%" PRIu64 ",\"remote_server_max_bytes\":%" PRIu64
-                        ",\"remote_server_evicted_keys\":%" PRIu64 ",\"remote_server_keys\":%" PRIu64
-                        ",\"remote_bytes_in\":%" PRIu64 ",\"remote_bytes_out\":%" PRIu64 "}",
-                        KFS_VERSION, max, s.used_bytes, free_b, s.files, s.files, s.opens, s.bytes_read,
-                        s.evicted_files, s.evicted_bytes, s.rebuilds, fs->o.low_watermark,
-                        json_str(fs->o.index_path, jindex, sizeof(jindex)), json_str(fs->o.backing, jbacking, sizeof(jbacking)),
-                        json_str(kfs_pt_state(fs, why, sizeof(why)), jpt, sizeof(jpt)), (uint64_t)atomic_load(&fs->pt.opens),
-                        json_str(kfs_ring_state(fs, how, sizeof(how)), jhow, sizeof(jhow)), (uint64_t)atomic_load(&fs->ring_requests),
-                        ec.helped_writes, ec.blocked_writes,
-                        ec.descents, s.db_bytes + s.wal_bytes, s.wal_bytes,
-                        kfs_inode_fds_open(fs), (uint64_t)atomic_load(&fs->fdc.reopens), ec.refetches, ec.refetch_bytes,
-                        ec.suggested_max_bytes, ec.refused_writes, ec.refused_need_bytes, live, detached,
-                        (uint64_t)atomic_load(&fs->kprune.sent),
-                        json_str(kfs_remote_where(fs) ? kfs_remote_where(fs) : "", jremote, sizeof(jremote)), rc.hits,
-                        rc.misses, rc.remembered, rc.timeouts, rc.errors, rc.corrupt, rc.dirs, rc.publishes,
-                        rc.published_before, rc.touches, rc.herd_waits, rc.herd_served, rc.herd_gave_up,
-                        rc.server_used, rc.server_max, rc.server_evicted, rc.server_keys,
-                        rc.bytes_in, rc.bytes_out);
+        const char *remote = kfs_remote_where(fs);
+        const struct { const char *name; const char *str; uint64_t v; } fields[] = {
+                { "version", KFS_VERSION, 0 }, { "max_bytes", NULL, max }, { "used_bytes", NULL, s.used_bytes },
+                { "free_bytes", NULL, free_b }, { "files", NULL, s.files }, { "entries", NULL, s.files },
+                { "opens", NULL, s.opens }, { "bytes_read", NULL, s.bytes_read },
+                { "evicted_files", NULL, s.evicted_files }, { "evicted_bytes", NULL, s.evicted_bytes },
+                { "rebuilds", NULL, s.rebuilds }, { "low_watermark", NULL, fs->o.low_watermark },
+                { "index", fs->o.index_path, 0 }, { "backing", fs->o.backing, 0 },
+                { "passthrough", kfs_pt_state(fs, why, sizeof(why)), 0 },
+                { "passthrough_opens", NULL, atomic_load(&fs->pt.opens) },
+                { "transport", kfs_ring_state(fs, how, sizeof(how)), 0 },
+                { "ring_requests", NULL, atomic_load(&fs->ring_requests) },
+                { "helped_writes", NULL, ec.helped_writes }, { "blocked_writes", NULL, ec.blocked_writes },
+                { "background_evictions", NULL, ec.descents }, { "index_bytes", NULL, s.db_bytes + s.wal_bytes },
+                { "wal_bytes", NULL, s.wal_bytes }, { "inode_fds", NULL, kfs_inode_fds_open(fs) },
+                { "fd_reopens", NULL, atomic_load(&fs->fdc.reopens) }, { "refetches", NULL, ec.refetches },
+                { "refetch_bytes", NULL, ec.refetch_bytes }, { "suggested_max_bytes", NULL, ec.suggested_max_bytes },
+                { "refused_writes", NULL, ec.refused_writes }, { "refused_need_bytes", NULL, ec.refused_need_bytes },
+                { "inodes", NULL, live }, { "detached_inodes", NULL, detached },
+                { "pruned_names", NULL, atomic_load(&fs->kprune.sent) }, { "remote", remote ? remote : "", 0 },
+                { "remote_hits", NULL, rc.hits }, { "remote_misses", NULL, rc.misses },
+                { "remote_remembered", NULL, rc.remembered }, { "remote_timeouts", NULL, rc.timeouts },
+                { "remote_errors", NULL, rc.errors }, { "remote_corrupt", NULL, rc.corrupt },
+                { "remote_dirs", NULL, rc.dirs }, { "remote_publishes", NULL, rc.publishes },
+                { "remote_published_before", NULL, rc.published_before }, { "remote_touches", NULL, rc.touches },
+                { "herd_waits", NULL, rc.herd_waits }, { "herd_served", NULL, rc.herd_served },
+                { "herd_gave_up", NULL, rc.herd_gave_up }, { "remote_server_used_bytes", NULL, rc.server_used },
+                { "remote_server_max_bytes", NULL, rc.server_max },
+                { "remote_server_evicted_keys", NULL, rc.server_evicted },
+                { "remote_server_keys", NULL, rc.server_keys }, { "remote_bytes_in", NULL, rc.bytes_in },
+                { "remote_bytes_out", NULL, rc.bytes_out }, { "remote_trusted_hits", NULL, rc.trusted_hits },
+        };
+        json_object *o = json_object_new_object();
+        int r = o ? 0 : -ENOMEM;
+        for (size_t i = 0; i < COUNT(fields) && r == 0; i++) {
+                json_object *v = fields[i].str ? json_object_new_string(fields[i].str)
+                                               : json_object_new_uint64(fields[i].v);
+                if (!v || json_object_object_add(o, fields[i].name, v) < 0) {
+                        json_object_put(v);
+                        r = -ENOMEM;
+                }
+        }
+        size_t len = 0;
+        const char *text = r == 0 ? json_object_to_json_string_length(o, JSON_C_TO_STRING_PLAIN |
+                                                                      JSON_C_TO_STRING_NOSLASHESCAPE, &len) : NULL;
+        if (r == 0 && !text)
+                r = -ENOMEM;
+        if (r == 0) {
+                if (len < size)
+                        memcpy(buf, text, len + 1);
+                r = len > INT_MAX ? -E2BIG : (int)len;
+        }
+        json_object_put(o);
+        return r;
 }
 
 static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)

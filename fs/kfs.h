@@ -431,12 +431,17 @@ void kfs_log(int prio, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 void kfs_log_init(void);
 /* Whether a syslog socket answers at PATH (/dev/log, _PATH_LOG). */
 bool kfs_log_syslog_answers(const char *path);
-/* From now on messages go to FILE (appended, one line each with the time and the priority; -1: syslog),
- * and stderr becomes a pipe to a thread that passes its lines on at LOG_WARNING, rate-limited. NOTE (or
- * NULL): the first message, at LOG_NOTICE. FILE is the log's from here on, closed by kfs_log_finish (on
- * failure too). 0 (*ret: for kfs_log_finish) or -errno (stderr unchanged). */
+/* Whether the journal's socket answers (/run/systemd/journal/socket; $KCACHEFS_JOURNAL_SOCKET in tests). */
+bool kfs_log_journal_answers(void);
+/* Whether stderr is the journal stream systemd gave us ($JOURNAL_STREAM; kfs_log_init reads it). */
+bool kfs_log_journal_stream(void);
+/* From now on messages go to FILE (appended, one line each with the time and the priority), or with FILE
+ * -1 to the journal with MOUNT=JOURNAL_MOUNT, or with that NULL too to syslog; stderr becomes a pipe to a
+ * thread that passes its lines on at LOG_WARNING, rate-limited. NOTE (or NULL): the first message, at
+ * LOG_NOTICE. FILE is the log's from here on, closed by kfs_log_finish (on failure too). 0 (*ret: for
+ * kfs_log_finish) or -errno (stderr unchanged). */
 struct kfs_log;
-int kfs_log_start(int file, const char *note, struct kfs_log **ret);
+int kfs_log_start(int file, const char *journal_mount, const char *note, struct kfs_log **ret);
 /* At exit: everything said so far reaches the sink before the process ends. NULL: nothing to do. */
 void kfs_log_finish(struct kfs_log *l);
 

@@ -8,11 +8,15 @@
  * systemd runs the daemon in the foreground, which then gets each line's priority as a "<N>" prefix
  * (sd-daemon(3)) when stderr is the stream systemd named in $JOURNAL_STREAM.
  *
- * From kfs_log_start() on (a detached daemon, or -o log=), messages go to one sink:
+ * From kfs_log_start() on (a detached daemon, -o log=, or in the foreground under systemd where the journal
+ * answers), messages go to one sink, the first of:
  *   - a file (-o log=FILE, or the fallback below): appended, one line each, "TIME kcachefs[PID] PRIORITY:
  *     MESSAGE" with TIME in UTC to the millisecond;
+ *   - the journal, where its socket answers (/run/systemd/journal/socket): sd_journal_send, each message
+ *     with PRIORITY, SYSLOG_IDENTIFIER=kcachefs, SYSLOG_FACILITY (daemon) and MOUNT (the mount point), so
+ *     that journalctl MOUNT=/path shows one mount's messages; a message the journal refuses goes to syslog;
  *   - syslog (facility daemon), where its socket answers;
- *   - where there is no syslog socket (containers, minimal HPC images have no /dev/log) and no log=, the
+ *   - where neither answers (containers, minimal HPC images have no /dev/log) and no log=, the
  *     caller opens BACKING_DIR/.kcachefs/kcachefs.log through the tree door, and the first message says
  *     where messages go, so that they never vanish unseen.
  * Whatever else writes to stderr (the index, SQLite, code that names no priority) is caught by a pipe: a
@@ -41,6 +45,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#define SD_JOURNAL_SUPPRESS_LOCATION /* every message would name emit() */
+#include <systemd/sd-journal.h>
+
 #include "kfs.h"
 
 #define LOG_BURST 20
@@ -48,7 +55,8 @@
 
 struct kfs_log { /* lives from kfs_log_start() to kfs_log_finish() */
         int rfd;                /* the stderr pipe's read end */
-        int file;               /* the file appended to; -1: syslog */
+        int file;               /* the file appended to; -1: the journal or syslog */
+        char *mount;            /* the journal's MOUNT field; NULL: syslog (or the file) */
         pthread_t th;
         double tokens;          /* sink_lock */
         struct timespec last;   /* sink_lock */
@@ -95,6 +103,17 @@ static void file_line(int fd, int prio, const char *msg)
         }
 }
 
+/* One message to the sink: its file, the journal (syslog if the journal refuses it), or syslog. */
+static void sink_line(struct kfs_log *l, int prio, const char *msg)
+{
+        if (l->file >= 0)
+                file_line(l->file, prio, msg);
+        else if (!l->mount || sd_journal_send("MESSAGE=%s", msg, "PRIORITY=%d", prio & LOG_PRIMASK,
+                                               "SYSLOG_IDENTIFIER=kcachefs", "SYSLOG_FACILITY=%d", LOG_DAEMON >> 3,
+                                               "MOUNT=%s", l->mount, NULL) < 0)
+                syslog(prio, "%s", msg);
+}
+
 /* sink_lock held. */
 static void emit(struct kfs_log *l, int prio, const char *msg)
 {
@@ -113,18 +132,12 @@ static void emit(struct kfs_log *l, int prio, const char *msg)
         if (l->dropped) {
                 char note[128];
                 snprintf(note, sizeof(note), "%lu messages dropped (more than %d at once)", l->dropped, LOG_BURST);
-                if (l->file >= 0)
-                        file_line(l->file, LOG_WARNING, note);
-                else
-                        syslog(LOG_WARNING, "%s", note);
+                sink_line(l, LOG_WARNING, note);
                 l->dropped = 0;
         }
         if (!strncmp(msg, "kcachefs: ", 10))
                 msg += 10; /* the sink names us already */
-        if (l->file >= 0)
-                file_line(l->file, prio, msg);
-        else
-                syslog(prio, "%s", msg);
+        sink_line(l, prio, msg);
 }
 
 static void vlog(int prio, const char *fmt, va_list ap)
@@ -174,6 +187,17 @@ void kfs_log_init(void)
         if (js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0)
                 to_journal = (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
         fuse_set_log_func(fuse_log_fn);
+}
+
+bool kfs_log_journal_stream(void)
+{
+        return to_journal;
+}
+
+bool kfs_log_journal_answers(void)
+{
+        const char *path = getenv("KCACHEFS_JOURNAL_SOCKET"); /* tests only: where none is */
+        return kfs_log_syslog_answers(path && *path ? path : "/run/systemd/journal/socket");
 }
 
 bool kfs_log_syslog_answers(const char *path)
@@ -228,7 +252,7 @@ static void *log_main(void *arg)
         return NULL;
 }
 
-int kfs_log_start(int file, const char *note, struct kfs_log **ret)
+int kfs_log_start(int file, const char *journal_mount, const char *note, struct kfs_log **ret)
 {
         int p[2];
         if (pipe2(p, O_CLOEXEC) < 0) {
@@ -247,10 +271,16 @@ int kfs_log_start(int file, const char *note, struct kfs_log **ret)
         }
         l->rfd = p[0];
         l->file = file;
+        if (file < 0 && journal_mount && !(l->mount = strdup(journal_mount))) {
+                close(p[0]);
+                close(p[1]);
+                free(l);
+                return -ENOMEM;
+        }
         l->tokens = LOG_BURST;
         clock_gettime(CLOCK_MONOTONIC, &l->last);
-        if (file < 0)
-                openlog("kcachefs", LOG_PID | LOG_NDELAY, LOG_DAEMON);
+        if (file < 0) /* the journal's fallback too */
+                openlog("kcachefs", LOG_PID | (journal_mount ? 0 : LOG_NDELAY), LOG_DAEMON);
         (void)fcntl(p[1], F_SETFL, O_NONBLOCK);
         sigset_t all, old;
         sigfillset(&all);
@@ -262,6 +292,7 @@ int kfs_log_start(int file, const char *note, struct kfs_log **ret)
                 close(p[1]);
                 if (file >= 0)
                         close(file);
+                free(l->mount);
                 free(l);
                 return -e;
         }
@@ -302,5 +333,6 @@ void kfs_log_finish(struct kfs_log *l)
                 close(l->file);
         else
                 closelog();
+        free(l->mount);
         free(l);
 }

@@ -5,8 +5,8 @@
  *   2. detach (unless -f): the parent waits on a pipe and exits with the child's verdict, so errors found
  *      later still reach the terminal and the exit status, and the index is opened once, in the daemon;
  *   3. create the metadata directory, take the index lock (one daemon per index), open or rebuild the
- *      index, mount, send messages where they go from now on (start_log: syslog, -o log= or the
- *      fallback file), then tell the parent we are up.
+ *      index, mount, send messages where they go from now on (start_log: -o log=, the journal, syslog
+ *      or the fallback file), then tell the parent we are up (and systemd: sd_notify READY=1).
  * At unmount (fusermount3 -u, or SIGTERM/SIGINT/SIGHUP) the session ends, the last batch is flushed and
  * the index is marked clean, so the next mount need not rescan. */
 #include <errno.h>
@@ -26,6 +26,7 @@
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <syslog.h>
+#include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include "kfs.h"
@@ -79,10 +80,10 @@ static void usage(const char *prog)
                "                            s/m/h/d; 0 to 1d); default %.0f\n"
                "    -o flush_ms=MS          how often the access log is committed, 10 to 60000; default 1000\n"
                "    -o log=FILE             once mounted, append messages to FILE (one line each, with the\n"
-               "                            time and the priority) instead of syslog (detached) or stderr\n"
-               "                            (-f). Without it and without syslog (no /dev/log) a detached\n"
-               "                            daemon's go to BACKING_DIR/%s/kcachefs.log (INDEX.log with\n"
-               "                            index= elsewhere)\n"
+               "                            time and the priority) instead of the journal or syslog\n"
+               "                            (detached) or stderr (-f). Without it, with no journal and no\n"
+               "                            /dev/log, a detached daemon's go to\n"
+               "                            BACKING_DIR/%s/kcachefs.log (INDEX.log with index= elsewhere)\n"
                "    -o rebuild              reconcile the index with BACKING_DIR at mount\n"
                "    -o tighten              where no directory above BACKING_DIR keeps other users out, close\n"
                "                            its parent (chmod go-rwx) when that is safe, instead of refusing\n"
@@ -307,27 +308,6 @@ static int add_source(struct fuse_args *args, const char *backing)
         return r < 0 ? fail("out of memory") : 0;
 }
 
-/* Tells systemd (Type=notify, $NOTIFY_SOCKET) how the daemon is doing: READY=1 once it serves. */
-static void sd_notify(const char *state)
-{
-        const char *path = getenv("NOTIFY_SOCKET");
-        if (!path || (path[0] != '/' && path[0] != '@'))
-                return;
-        struct sockaddr_un sa = { .sun_family = AF_UNIX };
-        size_t len = strlen(path);
-        if (len >= sizeof(sa.sun_path))
-                return;
-        memcpy(sa.sun_path, path, len);
-        if (sa.sun_path[0] == '@')
-                sa.sun_path[0] = '\0'; /* an abstract socket */
-        int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-        if (fd < 0)
-                return;
-        (void)sendto(fd, state, strlen(state), MSG_NOSIGNAL, (struct sockaddr *)&sa,
-                     (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len));
-        close(fd);
-}
-
 /* The index lock file says who holds the index and how far it is (see take_index_lock): "PID\n" while
  * it starts, "PID mounted\nMOUNTPOINT\n" while it serves, "PID stopping\n" from the end of serving until
  * exit. Written over the old text, then cut, so that a reader sees one line or the other whole. */
@@ -533,16 +513,18 @@ static int detach(void)
 }
 
 /* Where messages go once the daemon serves (log.c): the -o log= file, opened before detaching (LOG_FD),
- * or syslog, or, where no syslog socket answers, a file in the index's directory: BACKING_DIR/.kcachefs/
- * kcachefs.log through the tree door, or with -o index= elsewhere INDEX.log beside it (such a backing
- * directory gets no .kcachefs of ours). The environment's KCACHEFS_SYSLOG_SOCKET (for tests only) is the
- * socket looked for instead of /dev/log. */
+ * or the journal (with MOUNT=), or syslog, or, where neither socket answers, a file in the index's
+ * directory: BACKING_DIR/.kcachefs/kcachefs.log through the tree door, or with -o index= elsewhere
+ * INDEX.log beside it (such a backing directory gets no .kcachefs of ours). The environment's
+ * KCACHEFS_SYSLOG_SOCKET and KCACHEFS_JOURNAL_SOCKET (for tests only) are the sockets looked for instead of
+ * /dev/log and /run/systemd/journal/socket. The first message names where they go. */
 static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log **log)
 {
         char note[2 * PATH_MAX], path[PATH_MAX + 8];
         const char *sock = getenv("KCACHEFS_SYSLOG_SOCKET");
         sock = sock && *sock ? sock : _PATH_LOG;
-        if (log_fd < 0 && !kfs_log_syslog_answers(sock)) {
+        bool journal = log_fd < 0 && kfs_log_journal_answers();
+        if (log_fd < 0 && !journal && !kfs_log_syslog_answers(sock)) {
                 if (own_meta) {
                         snprintf(path, sizeof(path), "%s/%s/kcachefs.log", fs->o.backing, KFS_META_DIR);
                         int r = ktree_mkdir(&fs->tree, KTREE_ROOT, KFS_META_DIR, 0700);
@@ -562,9 +544,10 @@ static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log 
                 snprintf(note, sizeof(note), "messages go to %s (no syslog at %s; -o log=FILE chooses another "
                          "file)", path, sock);
         } else {
-                snprintf(note, sizeof(note), "messages go to %s", log_fd >= 0 ? fs->o.log_path : "syslog");
+                snprintf(note, sizeof(note), "messages go to %s", log_fd >= 0 ? fs->o.log_path
+                                                                   : journal ? "the journal" : "syslog");
         }
-        int r = kfs_log_start(log_fd, note, log);
+        int r = kfs_log_start(log_fd, journal ? fs->o.mountpoint : NULL, note, log);
         if (r < 0)
                 kfs_log(LOG_WARNING, "cannot start the log: %s", strerror(-r));
 }
@@ -816,13 +799,15 @@ int main(int argc, char *argv[])
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
         }
-        if (!cmd.foreground || log_fd >= 0)
+        /* In the foreground the terminal, or systemd's journal stream, keeps the messages; under systemd
+         * they go to the journal itself where it answers, with their mount named (MOUNT=). */
+        if (!cmd.foreground || log_fd >= 0 || (kfs_log_journal_stream() && kfs_log_journal_answers()))
                 start_log(&fs, own_meta, log_fd, &log);
         log_fd = -1;
         detached_ready(ready_fd, log != NULL);
         ready_fd = -1;
         served = true;
-        sd_notify("READY=1");
+        sd_notify(0, "READY=1"); /* Type=notify: systemd starts what needs the mount now */
         kfs_log(LOG_INFO, "mounted %s on %s (max_size %llu bytes, %llu files, %llu bytes used)",
                 fs.o.backing, fs.o.mountpoint, (unsigned long long)fs.o.max_size, (unsigned long long)ks.files,
                 (unsigned long long)kidx_used(fs.idx));
@@ -855,7 +840,7 @@ int main(int argc, char *argv[])
         }
         ret = ret < 0 ? 1 : 0;
         mark_lock(lock_fd, "stopping", NULL);
-        sd_notify("STOPPING=1");
+        sd_notify(0, "STOPPING=1");
 out_unmount:
         kfs_remote_stop(&fs); /* its publisher reads the tree through the index's names */
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */

@@ -46,9 +46,9 @@
  * mounts: a CI or admin account), into "p:NAME" and no user's, and looks that namespace up as that
  * account's own; the units of every other user of that mount go to their own namespaces as on any node
  * (which the publisher's ACL user may not write: a counted error), so no other user of a shared
- * publishing node can write the publisher's namespace; a mount with -o remote_trusted=NAME[:NAME...] asks, after
- * the asker's own namespace misses, each of those in order, and writes a hit into the asker's
- * directory as the asker's files, as from the asker's own. The nodes' ACL user may only read (GET,
+ * publishing node can write the publisher's namespace; a mount with -o remote_trusted=NAME[:NAME...]
+ * asks, after the asker's own namespace misses, each of those in order, and writes a hit into the
+ * asker's directory as the asker's files, as from the asker's own. The nodes' ACL user may only read (GET,
  * SRANDMEMBER, TOUCH: %R~) a publisher's keys, so a reader never writes, deletes or herd-marks them
  * (a bad value there is counted, not deleted), and a node's credentials on a publishing mount are
  * refused (NOPERM: a counted error). A publisher's unit may name any owner: the namespace is trusted

@@ -201,10 +201,12 @@ def log_lines(path, until, timeout=10):
 
 
 def test_a_detached_daemon_without_syslog_logs_into_the_backing_directory(dirs):
-    """No syslog socket (as in containers and minimal images: KCACHEFS_SYSLOG_SOCKET points where none is)
-    and no log=: the messages go to BACKING/.kcachefs/kcachefs.log, and the first one says so."""
+    """No syslog socket (as in containers and minimal images: KCACHEFS_SYSLOG_SOCKET points where none is),
+    no journal (KCACHEFS_JOURNAL_SOCKET) and no log=: the messages go to BACKING/.kcachefs/kcachefs.log,
+    and the first one says so."""
     d, b, m = dirs
-    env = dict(os.environ, KCACHEFS_SYSLOG_SOCKET=os.path.join(d, "no-such-socket"))
+    env = dict(os.environ, KCACHEFS_SYSLOG_SOCKET=os.path.join(d, "no-such-socket"),
+               KCACHEFS_JOURNAL_SOCKET=os.path.join(d, "no-such-journal"))  # nor a journal
     p = run("-o", "max_size=4M", b, m, env=env)
     assert p.returncode == 0, p.stderr
     wait_for(lambda: os.path.ismount(m), what="mount")
@@ -225,7 +227,8 @@ def test_with_the_index_elsewhere_the_log_goes_beside_it(dirs):
     """A backing directory whose index is elsewhere gets no .kcachefs of ours: the log goes beside the index."""
     d, b, m = dirs
     index = os.path.join(private_dir(d), "idx.db")
-    env = dict(os.environ, KCACHEFS_SYSLOG_SOCKET=os.path.join(d, "no-such-socket"))
+    env = dict(os.environ, KCACHEFS_SYSLOG_SOCKET=os.path.join(d, "no-such-socket"),
+               KCACHEFS_JOURNAL_SOCKET=os.path.join(d, "no-such-journal"))  # nor a journal
     p = run("-o", f"max_size=4M,index={index}", b, m, env=env)
     assert p.returncode == 0, p.stderr
     wait_for(lambda: os.path.ismount(m), what="mount")
