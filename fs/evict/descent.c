@@ -21,6 +21,16 @@ uint64_t kev_high_mark(struct kfs *fs)
         return low + (fs->o.max_size - low) / 2;
 }
 
+void kev_set_limits(struct kfs *fs, uint64_t max_size, unsigned low_watermark)
+{
+        pthread_mutex_lock(&fs->ev->space_lock);
+        __atomic_store_n(&fs->o.max_size, max_size, __ATOMIC_RELAXED);
+        __atomic_store_n(&fs->o.low_watermark, low_watermark, __ATOMIC_RELAXED);
+        fs->ev->descent.quiet_until = 0; /* a smaller limit is worth a look at once */
+        kev_descent_kick_locked(fs, kidx_used(fs->idx) + fs->ev->reserved, true);
+        pthread_mutex_unlock(&fs->ev->space_lock);
+}
+
 /* space_lock held. used: used plus reserved bytes. Wakes the descent if they are past the high mark and
  * it is not running already (HOW FAR). force: even within the quiet period after a descent that freed
  * nothing (a write had to evict in line: worth a look). */
