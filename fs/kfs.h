@@ -556,7 +556,8 @@ void kfs_xattr_end(struct kfs *fs, struct kfs_inode *in, uint64_t held);
 #define KFS_UNSET_UINT UINT_MAX
 #define KFS_DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
 /* Reads the settings file PATH into o: a key the command line gave (set in o already) keeps the command
- * line's value. The numbers that fuse_opt reads itself (remote_timeout_ms, remote_negative_s,
+ * line's value. backing = PATH is the backing directory where the command line gives only MOUNTPOINT
+ * (main.c moves that operand before). The numbers that fuse_opt reads itself (remote_timeout_ms, remote_negative_s,
  * remote_touch_s, herd_wait) count as not given while KFS_UNSET_UINT or NaN: main.c sets their defaults
  * after. 0, or -errno with why (FILE:LINE: what) filled. */
 int kfs_settings_file(struct kfs_opts *o, const char *path, char *why, size_t len);

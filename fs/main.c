@@ -44,6 +44,7 @@
 static void usage(const char *prog)
 {
         printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
+               "       %s -o config=FILE [options] MOUNTPOINT   (FILE says backing = BACKING_DIR)\n"
                "\n"
                "A FUSE filesystem for GPU kernel caches: every access is logged exactly, the cache never grows\n"
                "past its limit, and least recently used files are evicted. Unmount with fusermount3 -u.\n"
@@ -62,7 +63,7 @@ static void usage(const char *prog)
                "                            the runtime whose cache layout a directory holds, for caches\n"
                "                            whose files do not tell; default: recognised by their layout.\n"
                "                            RT is one of:\n",
-               prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS);
+               prog, prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS);
         for (int i = 0; i < KRT__COUNT; i++)
                 printf("                              %-17s %s\n", krt_table[i].name, krt_table[i].what);
         printf("    -o tmp_age=DURATION     a runtime's temporary file older than this is leaked and may go\n"
@@ -100,7 +101,8 @@ static void usage(const char *prog)
                "    -o config=FILE          read settings from FILE, key = value lines with the names of these\n"
                "                            options (max_size = 20G); -o options win over it. SIGHUP re-reads\n"
                "                            it: max_size, low_watermark, grace_ms, tmp_age, protect, pin and\n"
-               "                            stale_locks change at once (as with kcache set), others at remount\n"
+               "                            stale_locks change at once (as with kcache set), others at remount.\n"
+               "                            backing = DIR in it is BACKING_DIR when only MOUNTPOINT is given\n"
                "\n"
                "The shared tier (docs/remote.md): runtime entries compiled on one node, served to the others\n"
                "    -o remote=URL           a Redis-protocol server, redis://HOST[:PORT][/DB] or unix:/PATH;\n"
@@ -724,8 +726,19 @@ int main(int argc, char *argv[])
                 fail("out of memory");
                 goto out_args;
         }
+        /* One operand with a settings file: it is the mount point, and the file says the backing directory
+         * (backing = PATH; the systemd unit's way). libfuse gets the mount point as its operand. */
+        bool lone = fs.o.config_path && fs.o.backing && !fs.o.mountpoint_arg;
+        if (lone) {
+                fs.o.mountpoint_arg = fs.o.backing;
+                fs.o.backing = NULL;
+        }
         if (fs.o.config_path && kfs_settings_file(&fs.o, fs.o.config_path, cfg_why, sizeof(cfg_why)) < 0) {
                 fail("%s", cfg_why);
+                goto out_args;
+        }
+        if (lone && fuse_opt_add_arg(&args, fs.o.mountpoint_arg) < 0) {
+                fail("out of memory");
                 goto out_args;
         }
         if (fs.o.remote_timeout_ms == KFS_UNSET_UINT)

@@ -51,6 +51,7 @@ static const struct key {
         { "protect", K_STR, offsetof(struct kfs_opts, protect_str), true },
         { "pin", K_STR, offsetof(struct kfs_opts, pin_str), true },
         { "stale_locks", K_FLAG, offsetof(struct kfs_opts, stale_locks), true },
+        { "backing", K_STR, offsetof(struct kfs_opts, backing), false }, /* when only MOUNTPOINT is given */
         { "layout", K_STR, offsetof(struct kfs_opts, layout_str), false },
         { "timeout", K_STR, offsetof(struct kfs_opts, timeout_str), false },
         { "flush_ms", K_STR, offsetof(struct kfs_opts, flush_ms_str), false },
@@ -72,7 +73,7 @@ static const struct key {
 #define NKEYS (sizeof(KEYS) / sizeof(KEYS[0]))
 
 /* What kcache config shows besides KEYS: the mount's, for good. */
-static const char FIXED[] = " backing mountpoint config allow_other owner ";
+static const char FIXED[] = " mountpoint config allow_other owner ";
 
 /* The defaults the live settings go back to when neither the command line nor the file gives them (S3),
  * as main.c sets them. */
@@ -372,8 +373,7 @@ int kfs_settings_set(struct kfs *fs, const char *lines, size_t size)
                 else if (!k)
                         snprintf(why, sizeof(why), "unknown setting '%s' (kcache config lists them)", l);
                 else if (!k->live)
-                        snprintf(why, sizeof(why), "%s cannot change on a running mount: remount with -o %s=%s",
-                                 l, l, eq + 1);
+                        snprintf(why, sizeof(why), "%s cannot change on a running mount (it takes a remount)", l);
                 else if (k->kind == K_FLAG && parse_flag(eq + 1, flag_at(&c, k)) < 0)
                         snprintf(why, sizeof(why), "invalid %s '%s': expected 1 or 0 (yes, no, on, off)", l, eq + 1);
                 else if (k->kind == K_STR && (free(*str_at(&c, k)), !(*str_at(&c, k) = strdup(eq + 1))))
@@ -435,10 +435,13 @@ static void reload(struct kfs *fs)
                                         r = -ENOMEM, snprintf(why, sizeof(why), "out of memory");
                         }
                 } else if (set[i]) { /* S5: said, and kept */
-                        bool same = k->kind == K_STR ? *str_at(&fs->o, k) && !strcmp(*str_at(&fs->o, k), *str_at(&f, k))
+                        char *real = k->off == offsetof(struct kfs_opts, backing) ? realpath(f.backing, NULL) : NULL;
+                        bool same = real ? !strcmp(real, fs->o.backing)
+                                    : k->kind == K_STR ? *str_at(&fs->o, k) && !strcmp(*str_at(&fs->o, k), *str_at(&f, k))
                                     : k->kind == K_FLAG ? *flag_at(&fs->o, k) == *flag_at(&f, k)
                                     : k->kind == K_UINT ? *(unsigned *)((char *)&fs->o + k->off) == *(unsigned *)((char *)&f + k->off)
                                     : *(double *)((char *)&fs->o + k->off) == *(double *)((char *)&f + k->off);
+                        free(real);
                         if (!same)
                                 kfs_log(LOG_WARNING, "SIGHUP: %s in %s cannot change on a running mount: kept as "
                                                      "mounted (remount to apply it)", k->name, path);
