@@ -121,8 +121,7 @@ static int wait_below(const char *mount, double wait_s)
                 kc_human(used, a, sizeof(a));
                 kc_human(max, b, sizeof(b));
                 if (used <= max) {
-                        if (last != UINT64_MAX)
-                                fprintf(stderr, "kcache: %s used, within the new limit of %s\n", a, b);
+                        fprintf(stderr, "kcache: %s used, within the new limit of %s\n", a, b);
                         return 0;
                 }
                 if (el >= wait_s)

@@ -162,6 +162,17 @@ def test_shrinking_a_live_mount_under_load_reaches_and_holds_the_new_limit(kfs):
     assert os.path.ismount(m.mnt)
 
 
+def test_shrinking_an_idle_mount_evicts_in_the_background(kfs):
+    """No write comes to evict in line: the new limit wakes the daemon's background eviction."""
+    m = kfs({"max_size": "16M", "grace_ms": "100"})
+    fill(m, "old", 48, 256 * K)  # 12 MiB
+    time.sleep(0.2)  # past grace_ms
+    p = kcache("set", m.mnt, "max_size=4M", "--wait", "30s")
+    assert "within the new limit" in p.stderr, p.stderr
+    m.assert_within(4 * M)
+    assert int(os.getxattr(m.mnt, "user.kcachefs.evicted_bytes")) >= 8 * M
+
+
 def settings_file(d, text):
     path = os.path.join(d, "kcachefs.conf")
     with open(path, "w") as f:
