@@ -269,10 +269,10 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
         double tmp_age;
         __atomic_load(&o->tmp_age, &tmp_age, __ATOMIC_RELAXED);
         int n = snprintf(buf, size,
-                         "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%g\nprotect=%s\npin=%s\n"
-                         "stale_locks=%d\nlayout=%s\ntimeout=%g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
+                         "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%.10g\nprotect=%s\npin=%s\n"
+                         "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
                          "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_timeout_ms=%u\n"
-                         "remote_negative_s=%g\nremote_touch_s=%g\nherd_wait=%g\nnolog=%d\nnopassthrough=%d\n"
+                         "remote_negative_s=%.10g\nremote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\n"
                          "nouring=%d\nallow_other=%d\nowner=%u\n",
                          __atomic_load_n(&o->max_size, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
@@ -326,7 +326,7 @@ static int apply(struct kfs *fs, struct kfs_opts *c, const bool set[NKEYS], cons
                 __atomic_store_n(&o->grace_ms, c->grace_ms, __ATOMIC_RELAXED);
         }
         if (set[3] && c->tmp_age != o->tmp_age) {
-                kfs_log(LOG_NOTICE, "tmp_age %g -> %g s (%s)", o->tmp_age, c->tmp_age, by);
+                kfs_log(LOG_NOTICE, "tmp_age %.10g -> %.10g s (%s)", o->tmp_age, c->tmp_age, by);
                 __atomic_store(&o->tmp_age, &c->tmp_age, __ATOMIC_RELAXED);
         }
         if (set[4] && c->protect != o->protect) {
