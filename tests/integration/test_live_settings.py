@@ -186,11 +186,13 @@ def log_of(d):
 
 def test_the_settings_file_at_mount_and_the_command_line_wins(kfs, workdir):
     d = workdir[0]
-    conf = settings_file(d, "# a comment\nmax_size = 8M\ngrace_ms = 900\nprotect = writers\nstale_locks = yes\n")
-    m = kfs({"config": conf, "grace_ms": "300"})
+    conf = settings_file(d, "# a comment\nmax_size = 8M\ngrace_ms = 900\nprotect = writers\nstale_locks = yes\n"
+                            "remote_touch_s = 7\nremote_negative_s = 9\n")
+    m = kfs({"config": conf, "grace_ms": "300", "remote_negative_s": "3"})
     c = config(m)
     assert c["config"] == conf and c["max_size"] == 8 * M and c["protect"] == "writers" and c["stale_locks"] == 1
-    assert c["grace_ms"] == 300  # the command line's
+    assert c["remote_touch_s"] == 7
+    assert c["grace_ms"] == 300 and c["remote_negative_s"] == 3  # the command line's
     bad = settings_file(d, "max_size = 8M\nmax_sise = 9M\n")
     m2 = kfs({"config": bad}, start=False)
     p = m2.start(check=False)
