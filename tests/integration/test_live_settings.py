@@ -118,6 +118,18 @@ def test_set_changes_the_live_settings_at_once(kfs):
     assert os.statvfs(m.mnt).f_blocks * os.statvfs(m.mnt).f_frsize == 12 * M  # df's size follows
 
 
+def test_a_pin_set_live_keeps_its_files_from_eviction(kfs):
+    m = kfs({"max_size": "8M", "grace_ms": "0"})
+    fill(m, "keep-", 2, 64 * K)
+    fill(m, "other-", 2, 64 * K)
+    kcache("set", m.mnt, "pin=keep-*")
+    kcache("evict", m.mnt, "--to", "0")
+    assert sorted(n for n in os.listdir(m.mnt) if n != "users") == ["keep-0", "keep-1"]
+    kcache("set", m.mnt, "pin=")  # no pins at all: they go too
+    kcache("evict", m.mnt, "--to", "0")
+    assert [n for n in os.listdir(m.mnt) if n != "users"] == []
+
+
 def test_shrinking_a_live_mount_under_load_reaches_and_holds_the_new_limit(kfs):
     m = kfs({"max_size": "24M", "grace_ms": "200"}, tmpfs_size="64m")
     fill(m, "old", 80, 256 * K)  # 20 MiB, older than the grace when the limit drops
