@@ -27,7 +27,12 @@ void kev_set_limits(struct kfs *fs, uint64_t max_size, unsigned low_watermark)
         __atomic_store_n(&fs->o.max_size, max_size, __ATOMIC_RELAXED);
         __atomic_store_n(&fs->o.low_watermark, low_watermark, __ATOMIC_RELAXED);
         fs->ev->descent.quiet_until = 0; /* a smaller limit is worth a look at once */
-        kev_descent_kick_locked(fs, kidx_used(fs->idx) + fs->ev->reserved, true);
+        uint64_t used = kidx_used(fs->idx) + fs->ev->reserved;
+        if (used > max_size && low_watermark == 100 && !fs->ev->descent.stop && kev_descent_started_locked(fs)) {
+                fs->ev->descent.kicked = true; /* no margin to start from: down to the limit itself (kev_start) */
+                pthread_cond_signal(&fs->ev->descent.cond);
+        }
+        kev_descent_kick_locked(fs, used, true);
         pthread_mutex_unlock(&fs->ev->space_lock);
 }
 

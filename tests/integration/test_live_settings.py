@@ -174,12 +174,14 @@ def test_shrinking_a_live_mount_under_load_reaches_and_holds_the_new_limit(kfs):
     assert os.path.ismount(m.mnt)
 
 
-def test_shrinking_an_idle_mount_evicts_in_the_background(kfs):
-    """No write comes to evict in line: the new limit wakes the daemon's background eviction."""
-    m = kfs({"max_size": "16M", "grace_ms": "100"})
+@pytest.mark.parametrize("low", ["90", "100"])
+def test_shrinking_an_idle_mount_evicts_in_the_background(kfs, low):
+    """No write comes to evict in line: the new limit wakes the daemon's background eviction (with
+    low_watermark=100 too, where no high mark would start it)."""
+    m = kfs({"max_size": "16M", "grace_ms": "100", "low_watermark": low})
     fill(m, "old", 48, 256 * K)  # 12 MiB
     time.sleep(0.2)  # past grace_ms
-    p = kcache("set", m.mnt, "max_size=4M", "--wait", "30s")
+    p = kcache("set", m.mnt, "max_size=4M", "--wait", "10s")
     assert "within the new limit" in p.stderr, p.stderr
     m.assert_within(4 * M)
     assert int(os.getxattr(m.mnt, "user.kcachefs.evicted_bytes")) >= 8 * M
