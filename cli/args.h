@@ -22,7 +22,7 @@ enum { KC_OPT_HELP = -2, KC_OPT_BAD = -3 };
 
 /* Values of the options that have no one-letter form: above any char, so that an error about one of them
  * (kc_opt) is told from an unknown one-letter option. */
-enum { KC_O_JSON = 256, KC_O_PROMETHEUS, KC_O_LRU, KC_O_MRU, KC_O_TO, KC_O_OLDER_THAN, KC_O_REPAIR };
+enum { KC_O_JSON = 256, KC_O_PROMETHEUS, KC_O_LRU, KC_O_MRU, KC_O_TO, KC_O_OLDER_THAN, KC_O_REPAIR, KC_O_WAIT };
 
 /* One form of a verb: its arguments after "kcache VERB", and what it does (one line of the usage). */
 struct kc_form {

@@ -94,13 +94,13 @@ static int kc_check_mount(const char *mount)
         return kc_fail("%s is not the root of a kcachefs mount", mount);
 }
 
-static uint64_t kc_num(const char *mount, const char *name)
+uint64_t kc_num(const char *mount, const char *name)
 {
         char v[64];
         return kc_get(mount, name, v, sizeof(v)) > 0 ? strtoull(v, NULL, 10) : 0;
 }
 
-static void kc_human(uint64_t b, char *buf, size_t size)
+void kc_human(uint64_t b, char *buf, size_t size)
 {
         const char *units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
         double v = (double)b;
@@ -911,6 +911,14 @@ static const struct kc_verb kc_verbs[] = {
         { "zero", kc_cmd_zero,
           { { "[MOUNT]", "zero the statistics counters (hits, evictions, refetches...)" } },
           NULL },
+        { "config", kc_cmd_config,
+          { { "[MOUNT] [--json]", "every setting of the mount (max_size, low_watermark, grace_ms, ...)" } },
+          "  --json         one JSON object\n" },
+        { "set", kc_cmd_set,
+          { { "MOUNT KEY=VALUE... [--wait DURATION]", "change settings of the running mount (max_size=20G,\n"
+                                                      "low_watermark, grace_ms, tmp_age, protect, pin, stale_locks)" } },
+          "  --wait DURATION  after a smaller max_size, wait this long for eviction to reach it\n"
+          "                   (default 5m; 0: do not wait)\n" },
         { "ls", kc_cmd_ls,
           { { "[MOUNT] [PATH] [--lru|--mru] [-n N] [--json]", "files in eviction order with size, last access, opens" } },
           "  --lru          the next to be evicted first (the default); what is never evicted (pinned,\n"

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/types.h>
 
 #include "args.h"
@@ -25,6 +26,15 @@ int kc_set_watched(const char *mount, const char *attr, const char *value,
 const char *kc_mount_or_default(const char *given);
 /* The hint an -EPERM or -EACCES of the daemon deserves, else "". */
 const char *kc_perm_hint(int e);
+
+/* The daemon's figure user.kcachefs.NAME of mount, 0 if unread. */
+uint64_t kc_num(const char *mount, const char *name);
+/* b bytes in words: "1.5 GiB". */
+void kc_human(uint64_t b, char *buf, size_t size);
+
+/* config.c: kcache config [MOUNT] [--json], kcache set MOUNT KEY=VALUE... [--wait DURATION]. */
+int kc_cmd_config(const struct kc_verb *v, int argc, char **argv);
+int kc_cmd_set(const struct kc_verb *v, int argc, char **argv);
 
 /* verify.c: kcache verify [--repair] [MOUNT]. */
 int kc_cmd_verify(const struct kc_verb *v, int argc, char **argv);

@@ -29,6 +29,10 @@
  *                      counters back to 0: zero_counters; never a gauge, nor what eviction reads)
  *   on a directory in the root, or users/<uid>/NAME  runtime=NAME (also its owner; read back too): that
  *                      runtime's rules apply in it (evict/marks.c; kcache env sets it)
+ * Settings (settings.c): on the mount root, config (every setting, "key=value" lines: kcache config) for
+ * anyone; set ("key=value" lines: kcache set) for the owner or root, EINVAL with the reason in
+ * set_refusal (the last refusal) for a bad value. Neither config nor set_refusal is listed: the settings
+ * are not a counter, and getfattr -d of the root says the figures.
  * And on the mount root, for anyone: home, the caller's own directory (users/<uid>, made by the daemon on
  * first use, owned by the caller, 0700; users.c), which kcache env uses on a shared mount. It is not
  * listed, so that dumping every attribute (getfattr -d) makes nothing.
@@ -271,6 +275,10 @@ int kfs_ctl_get(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, const char
                 r = kfs_users_home(req, fs, buf, size); /* the caller's own directory, made on first use */
         else if (in == &fs->root && !strcmp(n, "remote_namespaces")) /* the caller's, in lookup order */
                 r = kfs_remote_namespaces(fs, fuse_req_ctx(req)->uid, buf, size);
+        else if (in == &fs->root && !strcmp(n, "config"))
+                r = kfs_settings_show(fs, buf, size);
+        else if (in == &fs->root && !strcmp(n, "set_refusal"))
+                r = kfs_settings_refusal(fs, buf, size);
         else if (in == &fs->root)
                 r = root_value(fs, n, buf, size);
         else if (S_ISREG(in->type))
@@ -370,6 +378,8 @@ static int zero_counters(struct kfs *fs)
 
 static int root_action(struct kfs *fs, const char *n, const char *value, size_t size)
 {
+        if (!strcmp(n, "set"))
+                return kfs_settings_set(fs, value, size);
         char v[128];
         if (size >= sizeof(v))
                 return -EINVAL;

@@ -9,6 +9,8 @@
  *   ops-io.c    create, open, read, write, fallocate, lseek, flush, fsync, release
  *   ops-xattr.c extended attributes, passed through
  *   control.c   the user.kcachefs.* attributes: per-file log, totals, pin, evict (kcache uses them)
+ *   settings.c  the settings file (-o config=), the settings shown (kcache config) and changed live
+ *               (kcache set, SIGHUP)
  *   evict/      space reservation and eviction: its own folder, entered through evict/evict.h only (the
  *               design essay, the folder's map and the daemon's lock order are there)
  *   settle.c    written files measured again after writeback (delayed allocation)
@@ -111,6 +113,7 @@ struct kfs_opts {
         char *timeout_str, *tmp_age_str, *grace_ms_str, *flush_ms_str, *inode_fds_str; /* as given, or NULL:
                                      read into the fields above by kfs_opts_check(), which checks their range */
         char *log_path;           /* -o log=FILE: messages appended there (log.c); NULL: syslog or the fallback */
+        char *config_path;        /* -o config=FILE: the settings file (settings.c), re-read at SIGHUP; or NULL */
         int tighten;              /* -o tighten: close the backing's parent to others where safe (reach.c) */
         int allow_other;          /* -o allow_other given: a shared mount (kept for libfuse) */
         int default_permissions;  /* -o default_permissions given (kept for libfuse) */
@@ -254,6 +257,8 @@ struct kfs {
         _Atomic uint64_t users_ino; /* backing inode of users/ once seen sound (users.c, U1); 0: not yet */
         struct kev *ev;           /* eviction's state (evict/state.c) */
         struct kfs_remote *remote; /* the shared tier (remote/), or NULL: none */
+        struct kfs_settings *settings; /* what settings.c keeps: the command line's, SIGHUP's thread */
+        char log_to[4200];        /* where messages go once mounted, in words (kcache config) */
         bool no_opendir;          /* the kernel handles opendir itself (set in init) */
         struct {                    /* written files, measured again after writeback (settle.c) */
                 pthread_mutex_t lock;
@@ -346,7 +351,7 @@ int kfs_parse_pins(const char *s, char ***ret);
 /* Parses ARGS into O (operands: the backing directory; -o options; -h, -V). -EINVAL on a bad option. */
 int kfs_opts_parse(struct fuse_args *args, struct kfs_opts *o);
 /* Reads O's numeric options as given (max_size, low_watermark, timeout, tmp_age, grace_ms, flush_ms,
- * inode_fds; NULL: the default already in O, or DEFAULT_MAX_SIZE) into their fields, each checked against
+ * inode_fds, and protect; NULL: the default already in O, or DEFAULT_MAX_SIZE) into their fields, each checked against
  * its range (options.c, RANGES). 0, or -EINVAL with one line in WHY (LEN bytes) that names the option, the
  * value given and what is allowed; O's fields are then partly written. */
 int kfs_opts_check(struct kfs_opts *o, const char *default_max_size, char *why, size_t len);
@@ -552,6 +557,32 @@ int kfs_parse_layouts(const char *s, struct kfs_layout **ret, size_t *ret_n);
  * No lock of ours held. */
 int kfs_xattr_begin(struct kfs *fs, struct kfs_inode *in, size_t len, uint64_t *held);
 void kfs_xattr_end(struct kfs *fs, struct kfs_inode *in, uint64_t held);
+
+/* settings.c (the settings file, kcache config and set, SIGHUP) */
+/* The defaults of the settings that a mount may change (kcachefs --help says them). */
+#define KFS_DEFAULT_MAX_SIZE "1G"
+#define KFS_UNSET_UINT UINT_MAX
+#define KFS_DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
+/* Reads the settings file PATH into o: a key the command line gave (set in o already) keeps the command
+ * line's value. backing = PATH is the backing directory where the command line gives only MOUNTPOINT
+ * (main.c moves that operand before). The numbers that fuse_opt reads itself (remote_timeout_ms, remote_negative_s,
+ * remote_touch_s, herd_wait) count as not given while KFS_UNSET_UINT or NaN: main.c sets their defaults
+ * after. 0, or -errno with why (FILE:LINE: what) filled. */
+int kfs_settings_file(struct kfs_opts *o, const char *path, char *why, size_t len);
+/* After the options are parsed and before the file is read: the command line's own settings are kept,
+ * which win over the file's at SIGHUP too. 0 or -ENOMEM. */
+int kfs_settings_init(struct kfs *fs);
+/* kcache config: every setting of the mount, one "key=value" line each. Bytes written or -E2BIG. */
+int kfs_settings_show(struct kfs *fs, char *buf, size_t size);
+/* kcache set: "key=value" lines, all checked (kfs_opts_check) before any is applied. 0, or -EINVAL
+ * with the refusal kept for kfs_settings_refusal, or -ENOMEM. */
+int kfs_settings_set(struct kfs *fs, const char *lines, size_t size);
+/* The last refusal of kfs_settings_set, in words (kcache set prints it). */
+int kfs_settings_refusal(struct kfs *fs, char *buf, size_t size);
+/* SIGHUP re-reads the settings file (after fuse_set_signal_handlers, whose HUP ends the mount). */
+int kfs_settings_start(struct kfs *fs);
+void kfs_settings_stop(struct kfs *fs);
+void kfs_settings_free(struct kfs *fs);
 
 /* control.c: the user.kcachefs.* attributes */
 bool kfs_ctl_is_ours(const char *name);

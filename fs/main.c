@@ -7,11 +7,13 @@
  *   3. create the metadata directory, take the index lock (one daemon per index), open or rebuild the
  *      index, mount, send messages where they go from now on (start_log: -o log=, the journal, syslog
  *      or the fallback file), then tell the parent we are up (and systemd: sd_notify READY=1).
- * At unmount (fusermount3 -u, or SIGTERM/SIGINT/SIGHUP) the session ends, the last batch is flushed and
+ * SIGHUP re-reads the settings file (-o config=FILE; settings.c) and the mount goes on.
+ * At unmount (fusermount3 -u, or SIGTERM/SIGINT) the session ends, the last batch is flushed and
  * the index is marked clean, so the next mount need not rescan. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -32,9 +34,9 @@
 #include "kfs.h"
 #include "remote/remote.h"
 
-#define DEFAULT_MAX_SIZE "1G"
+#define DEFAULT_MAX_SIZE KFS_DEFAULT_MAX_SIZE
 #define DEFAULT_LOW_WATERMARK 90
-#define DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
+#define DEFAULT_PINS KFS_DEFAULT_PINS
 #define DEFAULT_TIMEOUT 3600.0
 #define DEFAULT_REMOTE_TIMEOUT_MS 5 /* a round trip in a data centre is well under 1 ms */
 #define DEFAULT_REMOTE_NEGATIVE_S 5.0
@@ -43,6 +45,7 @@
 static void usage(const char *prog)
 {
         printf("usage: %s [options] BACKING_DIR MOUNTPOINT\n"
+               "       %s -o config=FILE [options] MOUNTPOINT   (FILE says backing = BACKING_DIR)\n"
                "\n"
                "A FUSE filesystem for GPU kernel caches: every access is logged exactly, the cache never grows\n"
                "past its limit, and least recently used files are evicted. Unmount with fusermount3 -u.\n"
@@ -61,7 +64,7 @@ static void usage(const char *prog)
                "                            the runtime whose cache layout a directory holds, for caches\n"
                "                            whose files do not tell; default: recognised by their layout.\n"
                "                            RT is one of:\n",
-               prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS);
+               prog, prog, DEFAULT_MAX_SIZE, DEFAULT_LOW_WATERMARK, DEFAULT_PINS);
         for (int i = 0; i < KRT__COUNT; i++)
                 printf("                              %-17s %s\n", krt_table[i].name, krt_table[i].what);
         printf("    -o tmp_age=DURATION     a runtime's temporary file older than this is leaked and may go\n"
@@ -96,6 +99,11 @@ static void usage(const char *prog)
                "                            enable_uring is turned on), which serves each request on the CPU\n"
                "                            that made it\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
+               "    -o config=FILE          read settings from FILE, key = value lines with the names of these\n"
+               "                            options (max_size = 20G); -o options win over it. SIGHUP re-reads\n"
+               "                            it: max_size, low_watermark, grace_ms, tmp_age, protect, pin and\n"
+               "                            stale_locks change at once (as with kcache set), others at remount.\n"
+               "                            backing = DIR in it is BACKING_DIR when only MOUNTPOINT is given\n"
                "\n"
                "The shared tier (docs/remote.md): runtime entries compiled on one node, served to the others\n"
                "    -o remote=URL           a Redis-protocol server, redis://HOST[:PORT][/DB] or unix:/PATH;\n"
@@ -190,13 +198,6 @@ static int check_opts(struct kfs_opts *o, const char *mountpoint_arg)
         char why[512];
         if (kfs_opts_check(o, DEFAULT_MAX_SIZE, why, sizeof(why)) < 0)
                 return fail("%s", why);
-        o->protect = KFS_PROTECT_OPEN;
-        if (o->protect_str) {
-                if (!strcmp(o->protect_str, "writers"))
-                        o->protect = KFS_PROTECT_WRITERS;
-                else if (strcmp(o->protect_str, "open"))
-                        return fail("invalid protect '%s': expected 'open' or 'writers'", o->protect_str);
-        }
         if (o->remote_timeout_ms < 1 || o->remote_timeout_ms > 60000)
                 return fail("invalid remote_timeout_ms %u: expected 1 to 60000", o->remote_timeout_ms);
         if (!(o->remote_negative_s >= 0 && o->remote_negative_s <= 86400))
@@ -547,6 +548,8 @@ static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log 
                 snprintf(note, sizeof(note), "messages go to %s", log_fd >= 0 ? fs->o.log_path
                                                                    : journal ? "the journal" : "syslog");
         }
+        snprintf(fs->log_to, sizeof(fs->log_to), "%s", log_fd >= 0 && !fs->o.log_path ? path
+                 : log_fd >= 0 ? fs->o.log_path : journal ? "the journal" : "syslog");
         int r = kfs_log_start(log_fd, journal ? fs->o.mountpoint : NULL, note, log);
         if (r < 0)
                 kfs_log(LOG_WARNING, "cannot start the log: %s", strerror(-r));
@@ -702,9 +705,9 @@ int main(int argc, char *argv[])
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;
         fs.o.flush_ms = 1000;
-        fs.o.remote_timeout_ms = DEFAULT_REMOTE_TIMEOUT_MS;
-        fs.o.remote_negative_s = DEFAULT_REMOTE_NEGATIVE_S;
-        fs.o.remote_touch_s = 60;
+        /* Not given until a number is (the settings file fills only these: settings.c); defaults below. */
+        fs.o.remote_timeout_ms = KFS_UNSET_UINT;
+        fs.o.remote_negative_s = fs.o.remote_touch_s = fs.o.herd_wait = NAN;
         fs.o.low_watermark = DEFAULT_LOW_WATERMARK;
         if (kfs_opts_parse(&args, &fs.o) < 0)
                 return fail("invalid options (see --help)");
@@ -720,6 +723,35 @@ int main(int argc, char *argv[])
                 ret = 0;
                 goto out_args;
         }
+        char cfg_why[600];
+        if (kfs_settings_init(&fs) < 0) {
+                fail("out of memory");
+                goto out_args;
+        }
+        /* One operand with a settings file: it is the mount point, and the file says the backing directory
+         * (backing = PATH; the systemd unit's way). libfuse gets the mount point as its operand. */
+        bool lone = fs.o.config_path && fs.o.backing && !fs.o.mountpoint_arg;
+        if (lone) {
+                fs.o.mountpoint_arg = fs.o.backing;
+                fs.o.backing = NULL;
+        }
+        if (fs.o.config_path && kfs_settings_file(&fs.o, fs.o.config_path, cfg_why, sizeof(cfg_why)) < 0) {
+                fail("%s", cfg_why);
+                goto out_args;
+        }
+        if (lone && fuse_opt_add_arg(&args, fs.o.mountpoint_arg) < 0) {
+                fail("out of memory");
+                goto out_args;
+        }
+        if (fs.o.remote_timeout_ms == KFS_UNSET_UINT)
+                fs.o.remote_timeout_ms = DEFAULT_REMOTE_TIMEOUT_MS;
+        if (isnan(fs.o.remote_negative_s))
+                fs.o.remote_negative_s = DEFAULT_REMOTE_NEGATIVE_S;
+        if (isnan(fs.o.remote_touch_s))
+                fs.o.remote_touch_s = 60;
+        if (isnan(fs.o.herd_wait))
+                fs.o.herd_wait = 0;
+        snprintf(fs.log_to, sizeof(fs.log_to), "stderr");
         /* The mount point first, in our words: libfuse's parser says it its own way, and then we would
          * add a misleading second line. */
         if (fs.o.mountpoint_arg && check_dir("mount point", fs.o.mountpoint_arg, &fs.o.mountpoint, false))
@@ -788,6 +820,10 @@ int main(int argc, char *argv[])
                 goto out_idx;
         if (fuse_set_signal_handlers(fs.se) != 0)
                 goto out_session;
+        if ((r = kfs_settings_start(&fs)) < 0) { /* SIGHUP: re-read the settings file, not unmount */
+                fail("cannot start: %s", strerror(-r));
+                goto out_signals;
+        }
         fs.singlethread = cmd.singlethread;
         kfs_ring_prepare(&fs);
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
@@ -851,6 +887,7 @@ out_unmount:
         kev_reap_stop(&fs); /* after the last request: none can evict any more */
         fuse_session_unmount(fs.se);
 out_signals:
+        kfs_settings_stop(&fs);
         fuse_remove_signal_handlers(fs.se);
 out_session:
         fuse_session_destroy(fs.se);
@@ -874,6 +911,7 @@ out_fs:
                 close(lock_fd);
 out_args:
         kfs_remote_free(&fs); /* where it was made and the start failed before out_fs */
+        kfs_settings_free(&fs);
         if (log_fd >= 0)
                 close(log_fd);
         kfs_free_opts(&fs.o);

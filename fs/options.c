@@ -18,6 +18,8 @@
  *                  every file used within it from eviction, and a busy cache would refuse writes.
  *   flush_ms       10 to 60000: each flush is a commit of the index; below 10 ms the writer commits without
  *                  pause, and above a minute a crash loses a minute of the access order.
+ *   protect        open or writers (not a number, but checked here too: kcache set and the settings
+ *                  file go through this one checker, as the command line does).
  *   inode_fds      1 to 2^30 (the kernel's largest fs.nr_open); never more than RLIMIT_NOFILE allows
  *                  (inode.c). 0 would keep no idle descriptor: not given means half RLIMIT_NOFILE. */
 #include <ctype.h>
@@ -110,6 +112,13 @@ int kfs_opts_check(struct kfs_opts *o, const char *default_max_size, char *why, 
             check_whole("flush_ms", o->flush_ms_str, "milliseconds", 10, 60000, &o->flush_ms, why, len) < 0 ||
             check_whole("inode_fds", o->inode_fds_str, "descriptors", 1, 1u << 30, &o->inode_fds, why, len) < 0)
                 return -EINVAL;
+        if (o->protect_str) {
+                if (strcmp(o->protect_str, "open") && strcmp(o->protect_str, "writers")) {
+                        snprintf(why, len, "invalid protect '%s': expected 'open' or 'writers'", o->protect_str);
+                        return -EINVAL;
+                }
+                o->protect = strcmp(o->protect_str, "open") ? KFS_PROTECT_WRITERS : KFS_PROTECT_OPEN;
+        }
         return 0;
 }
 
@@ -171,6 +180,7 @@ void kfs_free_opts(struct kfs_opts *o)
         free(o->flush_ms_str);
         free(o->inode_fds_str);
         free(o->log_path);
+        free(o->config_path);
 }
 
 enum { KEY_HELP, KEY_VERSION, KEY_ALLOW_OTHER, KEY_DEFAULT_PERMISSIONS };
@@ -189,6 +199,7 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("timeout=%s", timeout_str),
         OPT("flush_ms=%s", flush_ms_str),
         OPT("log=%s", log_path),
+        OPT("config=%s", config_path),
         OPT("nolog", nolog),
         OPT("stale_locks", stale_locks),
         OPT("nopassthrough", nopassthrough),

@@ -219,11 +219,14 @@ void kev_seen_free(struct seen_set *ss)
 
 static bool pinned_path(const struct kfs *fs, const char *path)
 {
-        if (!fs->o.pins)
+        /* Loaded once: kcache set or SIGHUP may swap the list meanwhile (fs/settings.c, S4; the old one
+         * stays allocated). */
+        char **pins = __atomic_load_n(&fs->o.pins, __ATOMIC_ACQUIRE);
+        if (!pins)
                 return false;
         const char *base = strrchr(path, '/');
         base = base ? base + 1 : path;
-        for (char **p = fs->o.pins; *p; p++) {
+        for (char **p = pins; *p; p++) {
                 /* A pattern with a '/' matches the whole relative path, one without matches the name. */
                 const char *subject = strchr(*p, '/') ? path : base;
                 if (fnmatch(*p, subject, strchr(*p, '/') ? FNM_PATHNAME : 0) == 0)

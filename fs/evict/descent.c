@@ -21,6 +21,21 @@ uint64_t kev_high_mark(struct kfs *fs)
         return low + (fs->o.max_size - low) / 2;
 }
 
+void kev_set_limits(struct kfs *fs, uint64_t max_size, unsigned low_watermark)
+{
+        pthread_mutex_lock(&fs->ev->space_lock);
+        __atomic_store_n(&fs->o.max_size, max_size, __ATOMIC_RELAXED);
+        __atomic_store_n(&fs->o.low_watermark, low_watermark, __ATOMIC_RELAXED);
+        fs->ev->descent.quiet_until = 0; /* a smaller limit is worth a look at once */
+        uint64_t used = kidx_used(fs->idx) + fs->ev->reserved;
+        if (used > max_size && low_watermark == 100 && !fs->ev->descent.stop && kev_descent_started_locked(fs)) {
+                fs->ev->descent.kicked = true; /* no margin to start from: down to the limit itself (kev_start) */
+                pthread_cond_signal(&fs->ev->descent.cond);
+        }
+        kev_descent_kick_locked(fs, used, true);
+        pthread_mutex_unlock(&fs->ev->space_lock);
+}
+
 /* space_lock held. used: used plus reserved bytes. Wakes the descent if they are past the high mark and
  * it is not running already (HOW FAR). force: even within the quiet period after a descent that freed
  * nothing (a write had to evict in line: worth a look). */

@@ -175,6 +175,10 @@ extern _Thread_local pid_t kev_writer;
 /* Evicts least recently used files until used <= target (sparing recently used ones if grace). Returns
  * bytes freed or -errno. */
 int64_t kev_evict_to(struct kfs *fs, uint64_t target, bool grace);
+/* A running mount's new max_size and low_watermark (kcache set, SIGHUP: settings.c), set under space_lock
+ * where reservations read them; a cache now past its high mark wakes the descent, which takes it down in
+ * the background (a write that reaches the limit evicts in line meanwhile). */
+void kev_set_limits(struct kfs *fs, uint64_t max_size, unsigned low_watermark);
 /* Evicts, in LRU order, every unprotected file last accessed before cutoff_ns. Returns bytes freed. */
 int64_t kev_evict_older(struct kfs *fs, int64_t cutoff_ns);
 /* Evicts one file now, with its whole unit. -EBUSY: open; -EPERM: pinned; -ENOENT: not in the cache. */

@@ -190,7 +190,7 @@ def test_only_the_owner_or_root_may_zero(kfs):
     assert json.loads(kcache("stats", "--json", m.mnt).stdout)["opens"] > 0
 
 
-VERBS = ["stats", "remote", "zero", "ls", "evict", "pin", "unpin", "verify", "env", "show"]
+VERBS = ["stats", "remote", "zero", "config", "set", "ls", "evict", "pin", "unpin", "verify", "env", "show"]
 
 
 def test_the_man_page_matches_every_verbs_help():

@@ -60,8 +60,8 @@ def test_fstab_line_mounts_through_mount_fuse3(workdir, installed_binary):
     assert open(os.path.join(backing, "x")).read() == "through fstab"
 
 
-def systemd_expand(cmd, env, mountpoint):
-    cmd = cmd.replace("%f", mountpoint)
+def systemd_expand(cmd, env, mountpoint, instance="unit-inst"):
+    cmd = cmd.replace("%%", "\0").replace("%f", mountpoint).replace("%i", instance).replace("\0", "%")
     # ${VAR} is the variable's value, $$ a shell's $
     return [re.sub(r"\$\$|\$\{(\w+)\}", lambda m: "$" if m.group(0) == "$$" else env[m.group(1)], w)
             for w in shlex.split(cmd)]
@@ -73,17 +73,24 @@ def test_systemd_unit_command_lines(workdir):
     unit = open(os.path.join(CONTRIB, "systemd", "kcachefs@.service.in")).read()
     keys = dict(re.findall(r"^(Exec\w+)=(.*)$", unit, re.M))
     env = dict(re.findall(r"^Environment=(\w+)=(.*)$", unit, re.M))
-    assert {"ExecStartPre", "ExecStart", "ExecStop"} <= set(keys)
+    assert {"ExecStartPre", "ExecStart", "ExecStop", "ExecReload"} <= set(keys)
+    assert re.search(r"^Restart=on-failure$", unit, re.M)
     mnt = os.path.join(d, "unit-mnt")
-    # The default backing directory is one per instance (%i: the escaped mount point), not the mount point
-    # appended to a path (%f gave /var/cache/kcachefs/backing/var/cache/kcachefs/mnt).
-    assert env["KCACHEFS_BACKING"] == "/var/cache/kcachefs/private/%i"
-    env["KCACHEFS_BACKING"] = os.path.join(d, "unit", "backing")  # as /etc/kcachefs/<instance>.env would set
+    # The instance's settings file (backing = ..., max_size = ...) says the backing directory; written at
+    # the first start when missing, with one backing directory per instance (%i: the escaped mount point),
+    # not the mount point appended to a path (%f gave /var/cache/kcachefs/backing/var/cache/kcachefs/mnt).
+    assert env["KCACHEFS_CONF"] == "/etc/kcachefs/%i.conf"
+    assert "backing = /var/cache/kcachefs/private/%%s" in keys["ExecStartPre"]
+    assert keys["ExecStartPre"].endswith(" kcachefs-prepare ${KCACHEFS_CONF} %i %f")
+    backing = os.path.join(d, "unit", "backing")
+    env["KCACHEFS_CONF"] = os.path.join(d, "unit.conf")  # as /etc/kcachefs/<instance>.env may set
+    with open(env["KCACHEFS_CONF"], "w") as f:
+        f.write(f"backing = {backing}\nmax_size = 10G\n")
     cleanup.insert(0, mnt)
     subprocess.run(systemd_expand(keys["ExecStartPre"], env, mnt), check=True)
     # The backing's parent is made closed: only root reaches the backing directory.
     assert os.stat(os.path.join(d, "unit")).st_mode & 0o7777 == 0o700
-    assert os.path.isdir(env["KCACHEFS_BACKING"]) and os.path.isdir(mnt)
+    assert os.path.isdir(backing) and os.path.isdir(mnt)
     start = systemd_expand(keys["ExecStart"].replace("@SBINDIR@/kcachefs", kcachefs_bin()), env, mnt)
     # Type=notify, in the foreground: systemd keeps its stderr (the journal) and waits for READY=1.
     assert re.search(r"^Type=notify$", unit, re.M) and "-f" in start
@@ -96,6 +103,13 @@ def test_systemd_unit_command_lines(workdir):
         assert sock.recv(256) == b"READY=1"
         assert os.path.ismount(mnt)  # READY=1 comes once it serves
         assert size_of(mnt) == 10 << 30
+        # systemctl reload: the settings file again (SIGHUP), the mount stays.
+        with open(env["KCACHEFS_CONF"], "w") as f:
+            f.write(f"backing = {backing}\nmax_size = 12G\n")
+        subprocess.run([w.replace("$MAINPID", str(p.pid)) for w in systemd_expand(keys["ExecReload"], env, mnt)],
+                       check=True)
+        wait_for(lambda: size_of(mnt) == 12 << 30, what="the reloaded max_size")
+        assert p.poll() is None and os.path.ismount(mnt)
         subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), check=True)
         assert sock.recv(256) == b"STOPPING=1"
         _, err = p.communicate(timeout=60)
@@ -105,7 +119,7 @@ def test_systemd_unit_command_lines(workdir):
         sock.close()
     assert p.returncode == 0, err
     assert not os.path.ismount(mnt)
-    assert f"mounted {env['KCACHEFS_BACKING']} on {mnt}" in err, err
+    assert f"mounted {backing} on {mnt}" in err, err
     assert "the index is flushed and marked clean" in err, err
 
 
