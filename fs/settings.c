@@ -64,6 +64,9 @@ static const struct key {
         { "remote_negative_s", K_DOUBLE, offsetof(struct kfs_opts, remote_negative_s), false },
         { "remote_touch_s", K_DOUBLE, offsetof(struct kfs_opts, remote_touch_s), false },
         { "herd_wait", K_DOUBLE, offsetof(struct kfs_opts, herd_wait), false },
+        { "remote_publish", K_STR, offsetof(struct kfs_opts, remote_publish), false },
+        { "remote_publisher", K_STR, offsetof(struct kfs_opts, remote_publisher), false },
+        { "remote_trusted", K_STR, offsetof(struct kfs_opts, remote_trusted), false },
         { "nolog", K_FLAG, offsetof(struct kfs_opts, nolog), false },
         { "nopassthrough", K_FLAG, offsetof(struct kfs_opts, nopassthrough), false },
         { "nouring", K_FLAG, offsetof(struct kfs_opts, nouring), false },
@@ -272,7 +275,8 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                          "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%.10g\nprotect=%s\npin=%s\n"
                          "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
                          "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_timeout_ms=%u\n"
-                         "remote_negative_s=%.10g\nremote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\n"
+                         "remote_negative_s=%.10g\nremote_touch_s=%.10g\nherd_wait=%.10g\nremote_publish=%s\n"
+                         "remote_publisher=%s\nremote_trusted=%s\nnolog=%d\nnopassthrough=%d\n"
                          "nouring=%d\nallow_other=%d\nowner=%u\n",
                          __atomic_load_n(&o->max_size, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
@@ -283,7 +287,9 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                          o->index_path ? o->index_path : "", o->backing, o->mountpoint,
                          o->config_path ? o->config_path : "", fs->log_to, o->remote_url ? o->remote_url : "",
                          o->remote_auth ? o->remote_auth : "", /* the file's name; never what it holds */
-                         o->remote_timeout_ms, o->remote_negative_s, o->remote_touch_s, o->herd_wait, o->nolog,
+                         o->remote_timeout_ms, o->remote_negative_s, o->remote_touch_s, o->herd_wait,
+                         o->remote_publish ? o->remote_publish : "", o->remote_publisher ? o->remote_publisher : "",
+                         o->remote_trusted ? o->remote_trusted : "", o->nolog,
                          o->nopassthrough, o->nouring, o->allow_other, (unsigned)fs->owner);
         return n >= (int)size ? -E2BIG : n;
 }

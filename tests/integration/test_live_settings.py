@@ -282,3 +282,13 @@ def test_quickstart_rerun_with_a_new_size_changes_the_running_limit():
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-u", mnt])
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_the_settings_file_names_the_trusted_publishers_too(kfs, workdir):
+    """Every -o option has its key in the file and in kcache config, the shared tier's trust settings too."""
+    d = workdir[0]
+    conf = settings_file(d, f"remote = unix:{d}/nobody.sock\nremote_publish = ci\nremote_publisher = 0\n"
+                            "remote_trusted = ci:admins\n")
+    m = kfs({"config": conf})
+    c = config(m)
+    assert (c["remote_publish"], str(c["remote_publisher"]), c["remote_trusted"]) == ("ci", "0", "ci:admins"), c
