@@ -5,6 +5,7 @@ and again at SIGHUP, which no longer unmounts, and a rerun of ./quickstart with 
 running mount's limit."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -292,3 +293,16 @@ def test_the_settings_file_names_the_trusted_publishers_too(kfs, workdir):
     m = kfs({"config": conf})
     c = config(m)
     assert (c["remote_publish"], str(c["remote_publisher"]), c["remote_trusted"]) == ("ci", "0", "ci:admins"), c
+
+
+def test_every_option_of_the_help_is_shown_by_kcache_config(kfs):
+    """kcache config shows every kcachefs option that --help lists (the FUSE ones and config aside), so an
+    option added later cannot be forgotten by the settings (fs/settings.c)."""
+    helptext = subprocess.run([kcachefs_bin(), "--help"], capture_output=True, text=True, timeout=30)
+    opts = set(re.findall(r"^ +-o ([a-z_]+)", helptext.stdout + helptext.stderr, re.M))
+    fuse_opts = {"clone_fd", "max_idle_threads", "max_threads", "allow_other", "allow_root", "auto_unmount"}
+    assert "max_size" in opts and "remote_trusted" in opts, opts
+    # flags of the mount's start only, not settings a running mount has
+    start_only = {"rebuild", "tighten"}
+    shown = set(config(kfs({})))
+    assert sorted(opts - fuse_opts - start_only - shown) == []
