@@ -158,7 +158,8 @@ struct kfs_inode {
         struct timespec mtime;    /* st_mtim at the last fstat; lock */
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
-        _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
+        _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them
+                                     (at RELEASE: ops-io.c, ATIME) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
                                      for it (settle.c, MARGIN), released when the settler measures it; lock */
