@@ -154,6 +154,8 @@ struct kfs_inode {
                                      no read is served from pages cached before a rewrite; immutable */
         pthread_mutex_t lock;
         uint64_t alloc;           /* allocated bytes, as the index holds them; lock */
+        bool alloc_told;          /* alloc is known to be what the index's row holds (read from it or told to
+                                     it): an unchanged allocation needs no word to the index (T3); lock */
         uint64_t size;            /* st_size at the last fstat; lock */
         struct timespec mtime;    /* st_mtim at the last fstat; lock */
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */

@@ -8,6 +8,10 @@ what the kernel sent, by opcode), so that a regression fails here rather than in
   the kernel's page cache kept for an unchanged file);
 - after the opener closed the file, stat shows the logged last access (fs/ops-io.c, ATIME)."""
 import os
+import select
+import shutil
+import subprocess
+import time
 
 import pytest
 
@@ -106,3 +110,43 @@ def test_after_close_stat_shows_the_logged_atime(kfs, mode):
         assert int(os.getxattr(path, "user.kcachefs.atime_ns")) == logged
 
 
+
+def test_a_warm_open_reads_nothing_from_the_index(kfs):
+    # An OPEN of a file that did not change tells the index nothing: the inode knows the bytes its row
+    # holds (fs/inode.c, T3). Before, every OPEN asked the index for the row's old size (kidx_set_bytes ->
+    # size_of_row): an SQLite read transaction on the WAL, fcntl() locks on its -shm file, under the one
+    # read connection's mutex. Counted with strace on the daemon (flush_ms=60000: no commit meanwhile).
+    strace = shutil.which("strace")
+    if not strace:
+        pytest.skip("strace is not installed (scripts/install-deps installs it)")
+    m = kfs({"flush_ms": "60000"})
+    paths = [m.path(f"k{i}.bin") for i in range(20)]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.write(os.urandom(64 << 10))
+    os.setxattr(m.mnt, "user.kcachefs.flush", b"1")  # the rows committed: only the database has them now
+    for p in paths:
+        settled(m, p)
+        runtime_hit(p, False)
+    pid = m.pid()
+    out = os.path.join(os.path.dirname(m.backing), "strace.out")
+    tracer = subprocess.Popen([strace, "-f", "-e", "trace=fcntl,pread64,fstat,newfstatat", "-o", out, "-p", str(pid)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        said, end = "", time.monotonic() + 10
+        while "attached" not in said and time.monotonic() < end:  # "Process N attached with M threads"
+            if select.select([tracer.stderr], [], [], 0.1)[0]:
+                said = tracer.stderr.readline()
+        assert "attached" in said, f"strace did not attach: {said!r}"
+        for _ in range(5):
+            for p in paths:
+                runtime_hit(p, False)
+        wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0), what="every RELEASE")
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    with open(out) as f:
+        lines = f.readlines()
+    assert any("fstat" in l for l in lines), "strace saw none of the OPENs' fstat calls"
+    index = [l for l in lines if "pread64(" in l or any(k in l for k in ("F_SETLK", "F_GETLK", "F_OFD_"))]
+    assert index == [], f"{len(index)} index calls in 100 warm opens, e.g. {index[:3]}"
