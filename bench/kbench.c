@@ -3,6 +3,9 @@
  *
  *   kbench populate DIR            2,000 files of 64 KiB and 200 of 1 MiB in DIR/xx/yy/ (hashed)
  *   kbench read DIR                open + read all + close every file
+ *   kbench hit DIR                 a runtime's hit of every file: open + fstat (for the size) + read to
+ *                                  the end + close
+ *   kbench neohit DIR              NEO's hit: open + lseek(SEEK_END) (the size) + lseek(0) + read + close
  *   kbench stat DIR                stat every file
  *   kbench readdir DIR             walk the tree, names only
  *   kbench walkstat DIR            walk the tree and fstatat every entry (as du does)
@@ -118,6 +121,36 @@ static void read_all(const char *dir)
         }
 }
 
+/* neo: the size from lseek(SEEK_END), as NEO does, rather than fstat. */
+static void hit_all(const char *dir, int neo)
+{
+        char p[4096], *b = buffer();
+        for (int i = 0; i < N_FILES; i++) {
+                file_path(p, sizeof(p), dir, i);
+                int fd = open(p, O_RDONLY);
+                if (fd < 0)
+                        die("open", p);
+                off_t size;
+                struct stat st;
+                if (neo) {
+                        size = lseek(fd, 0, SEEK_END);
+                        if (size < 0 || lseek(fd, 0, SEEK_SET) < 0)
+                                die("lseek", p);
+                } else {
+                        if (fstat(fd, &st) < 0)
+                                die("fstat", p);
+                        size = st.st_size;
+                }
+                off_t got = 0;
+                ssize_t n;
+                while ((n = read(fd, b, 1 << 20)) > 0)
+                        got += n;
+                if (n < 0 || got != size)
+                        die("read", p);
+                close(fd);
+        }
+}
+
 static void stat_all(const char *dir)
 {
         char p[4096];
@@ -188,6 +221,8 @@ int main(int argc, char **argv)
                 populate(dir);
         } else if (!strcmp(op, "read")) {
                 read_all(dir);
+        } else if (!strcmp(op, "hit") || !strcmp(op, "neohit")) {
+                hit_all(dir, !strcmp(op, "neohit"));
         } else if (!strcmp(op, "stat")) {
                 stat_all(dir);
         } else if (!strcmp(op, "readdir") || !strcmp(op, "walkstat")) {

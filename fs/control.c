@@ -7,7 +7,8 @@
  *   on the mount root  version, max_bytes, used_bytes, free_bytes, files, opens, bytes_read,
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
  *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
- *                      "/dev/fuse" with why), ring_requests, helped_writes (writes granted room by
+ *                      "/dev/fuse" with why), ring_requests, requests (what the kernel sent, by
+ *                      opcode: "OPEN 3 GETATTR 1 ..."; devio.c), helped_writes (writes granted room by
  *                      another request's eviction, evict/evict.h HELPING), blocked_writes (writes that
  *                      found no room and waited for an eviction), background_evictions (descents to
  *                      the low watermark run ahead of the writes, evict/evict.h HOW FAR), index_bytes
@@ -59,7 +60,7 @@
 
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
-                                          "passthrough", "passthrough_opens", "transport", "ring_requests",
+                                          "passthrough", "passthrough_opens", "transport", "ring_requests", "requests",
                                           "helped_writes", "blocked_writes", "background_evictions",
                                           "index_bytes", "wal_bytes", "inode_fds", "fd_reopens", "inodes",
                                           "detached_inodes", "pruned_names", "remote_hits", "remote_misses",
@@ -178,6 +179,8 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 return snprintf(buf, size, "%s", kfs_pt_state(fs, why, sizeof(why)));
         if (!strcmp(n, "transport"))
                 return snprintf(buf, size, "%s", kfs_ring_state(fs, why, sizeof(why)));
+        if (!strcmp(n, "requests"))
+                return kfs_requests_text(fs, buf, size);
         if (!strcmp(n, "remote"))
                 return kfs_remote_where(fs) ? snprintf(buf, size, "%s", kfs_remote_where(fs)) : -ENODATA;
         struct kfs_remote_counts rc;
@@ -361,7 +364,7 @@ static int parse_bool(const char *v, size_t size, bool *ret)
 
 /* kcache zero: every counter of the statistics (opens, bytes_read, evicted_*, rebuilds, helped_writes,
  * blocked_writes, background_evictions, refetch*, suggested_max_bytes, refused_*, passthrough_opens,
- * ring_requests, fd_reopens, pruned_names, remote_*) back to 0. Not the gauges (max, used and free bytes, files,
+ * ring_requests, requests, fd_reopens, pruned_names, remote_*) back to 0. Not the gauges (max, used and free bytes, files,
  * the index's size, descriptors, inodes) nor anything eviction reads (the index's totals and seq,
  * misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
  * operation in flight may be counted on either side of the zero. */
@@ -370,6 +373,8 @@ static int zero_counters(struct kfs *fs)
         kev_zero_counts(fs);
         atomic_store(&fs->pt.opens, 0);
         atomic_store(&fs->ring_requests, 0);
+        for (unsigned op = 0; op < KFS_OPCODES; op++)
+                atomic_store(&fs->requests[op], 0);
         atomic_store(&fs->fdc.reopens, 0);
         atomic_store(&fs->kprune.sent, 0);
         kfs_remote_zero(fs);

@@ -9,8 +9,10 @@
  *   - OPEN's and CREATE's replies get their backing file from passthrough.c;
  *   - a reply to a request that came through a ring goes into that ring's entry (ring.c), every other
  *     one (and every notification) to /dev/fuse.
- * The hooks are installed unless both features are switched off. */
+ * Our read also counts the requests by opcode (user.kcachefs.requests; ring.c counts those of the rings),
+ * which is why the hooks are installed even with both features switched off. */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -19,10 +21,51 @@
 #include "fuse-kernel.h"
 #include "kfs.h"
 
+/* The kernel's names of its opcodes (include/uapi/linux/fuse.h), for user.kcachefs.requests. */
+static const char *const OPNAMES[KFS_OPCODES] = {
+        [1] = "LOOKUP", [2] = "FORGET", [3] = "GETATTR", [4] = "SETATTR", [5] = "READLINK", [6] = "SYMLINK",
+        [8] = "MKNOD", [9] = "MKDIR", [10] = "UNLINK", [11] = "RMDIR", [12] = "RENAME", [13] = "LINK",
+        [14] = "OPEN", [15] = "READ", [16] = "WRITE", [17] = "STATFS", [18] = "RELEASE", [20] = "FSYNC",
+        [21] = "SETXATTR", [22] = "GETXATTR", [23] = "LISTXATTR", [24] = "REMOVEXATTR", [25] = "FLUSH",
+        [26] = "INIT", [27] = "OPENDIR", [28] = "READDIR", [29] = "RELEASEDIR", [30] = "FSYNCDIR",
+        [31] = "GETLK", [32] = "SETLK", [33] = "SETLKW", [34] = "ACCESS", [35] = "CREATE", [36] = "INTERRUPT",
+        [37] = "BMAP", [38] = "DESTROY", [39] = "IOCTL", [40] = "POLL", [41] = "NOTIFY_REPLY",
+        [42] = "BATCH_FORGET", [43] = "FALLOCATE", [44] = "READDIRPLUS", [45] = "RENAME2", [46] = "LSEEK",
+        [47] = "COPY_FILE_RANGE", [48] = "SETUPMAPPING", [49] = "REMOVEMAPPING", [50] = "SYNCFS",
+        [51] = "TMPFILE", [52] = "STATX",
+};
+
+void kfs_count_request(struct kfs *fs, uint32_t opcode)
+{
+        atomic_fetch_add_explicit(&fs->requests[opcode < KFS_OPCODES ? opcode : KFS_OPCODES - 1], 1,
+                                  memory_order_relaxed);
+}
+
+int kfs_requests_text(struct kfs *fs, char *buf, size_t size)
+{
+        size_t len = 0;
+        for (unsigned op = 0; op < KFS_OPCODES; op++) {
+                uint64_t n = atomic_load_explicit(&fs->requests[op], memory_order_relaxed);
+                if (!n)
+                        continue;
+                char other[16];
+                if (!OPNAMES[op])
+                        snprintf(other, sizeof(other), op == KFS_OPCODES - 1 ? "OTHER" : "OP%u", op);
+                int w = snprintf(buf + (len < size ? len : size), len < size ? size - len : 0, "%s%s %" PRIu64,
+                                 len ? " " : "", OPNAMES[op] ? OPNAMES[op] : other, n);
+                if (w < 0)
+                        return w;
+                len += (size_t)w;
+        }
+        return (int)len;
+}
+
 static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
 {
         ssize_t n = read(fd, buf, len);
         struct kfs *fs = ud;
+        if (n >= (ssize_t)sizeof(struct fk_in_header))
+                kfs_count_request(fs, ((const struct fk_in_header *)buf)->opcode);
         if (n >= (ssize_t)(sizeof(struct fk_in_header) + sizeof(struct fk_init_in)) && !fs->devio.init_seen) {
                 const struct fk_in_header *h = buf;
                 if (h->opcode == FK_INIT) {
@@ -82,8 +125,6 @@ static ssize_t dev_writev(int fd, struct iovec *iov, int count, void *ud)
 void kfs_dev_setup(struct kfs *fs)
 {
         fs->devio.fd = fuse_session_fd(fs->se);
-        if (fs->o.nouring && !fs->pt.wanted)
-                return;
         /* No splice hooks: libfuse then splices to the fd itself, and splicing is negotiated only
          * without the rings (kfs_op_init), whose replies must go through dev_writev. */
         static const struct fuse_custom_io io = { .read = dev_read, .writev = dev_writev };

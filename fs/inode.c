@@ -9,7 +9,12 @@
  *  T2. The kernel never forgets an inode with open files, so readers/writers > 0 implies it is in the
  *      table; eviction reads those counts under itable_lock to decide what is open.
  *  T3. alloc is the allocation last measured; kfs_inode_account_locked() tells the index, which keeps
- *      the total exact by itself (kidx I3); only that function changes it.
+ *      the total exact by itself (kidx I3); only that function changes it. Once alloc_told (alloc read
+ *      from the index's row, or told to it), the row holds alloc, so an unchanged allocation is not told
+ *      again: a warm OPEN reads nothing from the index (kidx_set_bytes must find the row's old size,
+ *      an SQLite read once it was committed). Nothing else changes a live inode's row: a new row is a
+ *      new inode's (create, mknod, a fetch), and reconcile writes the tree's size, which differs from
+ *      alloc only where the file changed behind the mount, and then the next measure differs too.
  *  T4. An evicted inode is removed from the table at once (its backing inode number may be reused by a
  *      new file) but freed only when the kernel forgets it; unref deletes only its own table entry.
  *      So T1 holds for inodes that are not evicted.
@@ -501,6 +506,7 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
                 if (kidx_get_file(fs->idx, st->st_ino, &f) == 0) {
                         atime = f.atime_ns;
                         in->alloc = f.bytes; /* T3: the index's view, even if the tree drifted */
+                        in->alloc_told = true;
                 }
         } else {
                 atime = (int64_t)st->st_atim.tv_sec * 1000000000LL + st->st_atim.tv_nsec;
@@ -739,8 +745,10 @@ void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct
 {
         uint64_t now = (uint64_t)st->st_blocks * 512;
         /* Not for an evicted inode: its number may be a new file's already, whose row is not ours. */
-        if (S_ISREG(in->type) && !in->unlinked && !kfs_stale(in))
+        if (S_ISREG(in->type) && !in->unlinked && !kfs_stale(in) && (!in->alloc_told || now != in->alloc)) {
                 kidx_set_bytes(fs->idx, in->bino, now);
+                in->alloc_told = true;
+        }
         in->alloc = now;
         in->size = (uint64_t)st->st_size;
         in->mtime = st->st_mtim;

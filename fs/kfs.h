@@ -42,6 +42,7 @@
 #pragma once
 
 #define KFS_NAME_LOCKS 64
+#define KFS_OPCODES 64 /* FUSE opcodes counted one by one (kfs_count_request); the last counts any higher one */
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
@@ -159,11 +160,14 @@ struct kfs_inode {
                                      no read is served from pages cached before a rewrite; immutable */
         pthread_mutex_t lock;
         uint64_t alloc;           /* allocated bytes, as the index holds them; lock */
+        bool alloc_told;          /* alloc is known to be what the index's row holds (read from it or told to
+                                     it): an unchanged allocation needs no word to the index (T3); lock */
         uint64_t size;            /* st_size at the last fstat; lock */
         struct timespec mtime;    /* st_mtim at the last fstat; lock */
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
-        _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them */
+        _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them
+                                     (at RELEASE: ops-io.c, ATIME) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
                                      for it (settle.c, MARGIN), released when the settler measures it; lock */
@@ -218,6 +222,7 @@ struct kfs {
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
+        _Atomic uint64_t requests[KFS_OPCODES]; /* requests the kernel sent, by opcode (kfs_count_request) */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
         bool singlethread;        /* -s */
         struct {                  /* flock() (flock.c) */
@@ -489,6 +494,10 @@ void kfs_kprune_stop(struct kfs *fs);
 /* devio.c */
 /* After the session is mounted (and kfs_pt_setup): installs our device I/O unless nothing needs it. */
 void kfs_dev_setup(struct kfs *fs);
+/* Counts a request of opcode as the kernel sent it (through /dev/fuse or a ring), before libfuse sees it. */
+void kfs_count_request(struct kfs *fs, uint32_t opcode);
+/* The counts as `OPEN 3 GETATTR 1 ...` (nonzero ones, by opcode), into buf; as snprintf. */
+int kfs_requests_text(struct kfs *fs, char *buf, size_t size);
 
 /* ring.c */
 /* Before mounting: a root daemon turns on the kernel's switch for FUSE over io_uring (see ring.c). */

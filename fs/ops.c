@@ -25,7 +25,7 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
                 conn->want |= FUSE_CAP_FLOCK_LOCKS;
         conn->want &= ~(unsigned)FUSE_CAP_POSIX_LOCKS;
         /* Every change goes through this mount, so cached pages and attributes stay right without the
-         * kernel re-checking attributes on every read (a GETATTR per open, since opens invalidate atime).
+         * kernel re-checking attributes on every read (a GETATTR per hit, since releases invalidate atime).
          * Opens decide keep_cache themselves; eviction invalidates directory listings explicitly. */
         conn->want &= ~(unsigned)FUSE_CAP_AUTO_INVAL_DATA;
         /* Write-through: a write fails with ENOSPC in the syscall that crosses the limit, not at close. */

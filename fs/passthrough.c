@@ -1,12 +1,11 @@
 /* passthrough.c: kernel FUSE passthrough for read-only opens (Linux 6.9+, a root daemon).
  *
- * WHY. A warm open+read+close through the page-cache mode costs OPEN and RELEASE, plus one GETATTR: the
- * access log must invalidate the inode's attributes at every open so that stat shows the new atime, and
- * FUSE has no notification that invalidates atime alone, so the read that reaches the end of the file
- * re-fetches the size. In passthrough mode the kernel reads the backing file itself: no READ requests,
- * no FUSE page cache (one copy of each file in memory instead of two), and no size check, so the same
- * open costs OPEN and RELEASE only. The kernel invalidates atime alone after each passthrough read, and
- * the next stat asks for it, so st_atime stays the logged last access.
+ * WHY. In passthrough mode the kernel reads the backing file itself: no READ requests for what the FUSE
+ * page cache does not hold, no FUSE page cache (one copy of each file in memory instead of two), and no
+ * size check at the end of the file. A warm hit costs OPEN and RELEASE in either mode when the kernel
+ * holds the inode's attributes (the access log's invalidation comes at RELEASE: ops-io.c, ATIME). The
+ * kernel invalidates atime alone after each passthrough read, and the next stat asks for it, so st_atime
+ * stays the logged last access.
  *
  * HOW, WITH LIBFUSE 3.14. Debian 12's libfuse predates passthrough (3.16), but the kernel protocol is
  * simple: INIT's reply asks for FUSE_PASSTHROUGH (devio.c, our own device I/O), and OPEN's and CREATE's

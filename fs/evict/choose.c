@@ -324,6 +324,7 @@ int kev_take_unit(struct kfs *fs, struct dircache *dc, struct kev_unit *u, uint6
                         newest = f.seq;
                 if (known && f.atime_ns > grace_cut) {
                         sn->young = true; /* in use right now (GRACE) */
+                        kev_note_young(fs, f.atime_ns);
                         goto undo;
                 }
                 struct name *nm = calloc(1, sizeof(*nm));
@@ -380,6 +381,15 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                 for (int i = 0; r == 0 && i < n && vs->bytes < goal && vs->n < max_victims; i++) {
                         const struct kidx_lru_row *row = &cands.v[i].row;
                         if (grace && row->atime_ns > now - (int64_t)fs->o.grace_ms * 1000000) {
+                                /* When the goal can be reached: as the young entry that completes it ages
+                                 * (the last of this batch of candidates, if none does: a later look goes on). */
+                                uint64_t bytes = vs->bytes;
+                                int64_t at = row->atime_ns;
+                                for (int j = i; j < n && bytes < goal; j++) {
+                                        bytes += cands.v[j].row.bytes;
+                                        at = cands.v[j].row.atime_ns;
+                                }
+                                kev_note_young(fs, at);
                                 n = -1; /* LRU order is time order: everything from here on is recent (GRACE) */
                                 break;
                         }

@@ -36,6 +36,14 @@ void kev_set_limits(struct kfs *fs, uint64_t max_size, unsigned low_watermark)
         pthread_mutex_unlock(&fs->ev->space_lock);
 }
 
+void kev_note_young(struct kfs *fs, int64_t atime_ns)
+{
+        int64_t at = atime_ns + (int64_t)__atomic_load_n(&fs->o.grace_ms, __ATOMIC_RELAXED) * 1000000,
+                cur = atomic_load(&fs->ev->descent.young_until);
+        while ((!cur || at < cur) && !atomic_compare_exchange_weak(&fs->ev->descent.young_until, &cur, at))
+                ;
+}
+
 /* space_lock held. used: used plus reserved bytes. Wakes the descent if they are past the high mark and
  * it is not running already (HOW FAR). force: even within the quiet period after a descent that freed
  * nothing (a write had to evict in line: worth a look). */
@@ -92,6 +100,7 @@ static void *descent_main(void *arg)
                 }
                 fs->ev->descent.kicked = false;
                 fs->ev->descent.running = true;
+                atomic_store(&fs->ev->descent.young_until, 0); /* what this run passes over, from here on */
                 pthread_mutex_unlock(&fs->ev->space_lock);
                 int64_t freed = kev_evict_to(fs, kev_low_watermark(fs), true);
                 if (freed < 0)
@@ -100,7 +109,17 @@ static void *descent_main(void *arg)
                 pthread_mutex_lock(&fs->ev->space_lock);
                 fs->ev->descent.running = false;
                 again = 0;
-                if (kidx_used(fs->idx) + fs->ev->reserved > kev_high_mark(fs)) {
+                uint64_t used = kidx_used(fs->idx) + fs->ev->reserved;
+                int64_t young = atomic_load(&fs->ev->descent.young_until), now = kfs_now_ns();
+                if (young && used > kev_low_watermark(fs)) {
+                        /* It stopped short of the low watermark at entries within the grace: run again as
+                         * they age, whatever came before. After a burst faster than the grace, every run
+                         * during it freed nothing, and the back-off below left the cache near its limit for
+                         * a minute after the last write (issue #24). Not sooner than 10 ms from now. */
+                        again = young + 1000000 > now + 10000000 ? young + 1000000 : now + 10000000;
+                        fs->ev->descent.quiet_until = again;
+                        fruitless = 0;
+                } else if (used > kev_high_mark(fs)) {
                         /* What is left is young (grace), open or pinned. Young files age: once the grace
                          * period has passed, the descent runs again by itself (a cache found over its
                          * limit at mount, with no writes coming, stayed over it for good). */
@@ -110,7 +129,7 @@ static void *descent_main(void *arg)
                         fruitless = freed <= 0 ? fruitless + 1 : 0;
                         for (unsigned i = 1; i < fruitless && wait < 60000000000LL; i++)
                                 wait *= 2; /* open or pinned files do not age: do not walk them every grace */
-                        again = kfs_now_ns() + (wait < 60000000000LL ? wait : 60000000000LL);
+                        again = now + (wait < 60000000000LL ? wait : 60000000000LL);
                 } else {
                         fruitless = 0;
                 }

@@ -44,7 +44,10 @@
  * leaves no room between them) evicts in line, and only what it needs; blocked_writes counts those. A
  * descent that frees nothing and leaves the cache above the high mark (young, open or pinned files) is
  * not kicked again for the grace period (a write that has to evict in line still kicks it), so a cache
- * full of files in use is not flushed and walked on every write. Starting an eviction is costly (flush
+ * full of files in use is not flushed and walked on every write. A descent that stopped above the low
+ * watermark at files within the grace runs again by itself as soon as enough of them have aged to reach
+ * it (kev_note_young): after a burst faster than the grace, the cache is at the low watermark as the
+ * burst's files pass the grace, not whenever the next write comes. Starting an eviction is costly (flush
  * the index, query it), which is why each descent goes all the way down. Running at any moment, not only
  * inside a runtime's store, the descent takes the lock a runtime reads its entries under (JAX's
  * .lockfile, runtime_lock) before it removes one of them.

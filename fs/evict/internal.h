@@ -154,6 +154,9 @@ struct kev {
                                          * the high mark (young, open or pinned files); space_lock */
                 int64_t retry_at;       /* the thread could not be started: not before this (ns); space_lock */
                 _Atomic uint64_t runs;  /* descents since mount */
+                _Atomic int64_t young_until; /* when entries an eviction passed over for their youth
+                                         * will have aged enough for it to reach its goal (ns), 0: none
+                                         * since the descent last looked; it wakes then (kev_note_young) */
         } descent;
 
         struct kev_repair *repairs;   /* bookkeeping repairs that found the runtime's lock held; evict_lock */
@@ -272,6 +275,9 @@ uint64_t kev_high_mark(struct kfs *fs);
 /* space_lock held. */
 void kev_descent_kick_locked(struct kfs *fs, uint64_t used, bool force);
 bool kev_descent_started_locked(struct kfs *fs);
+/* An eviction stopped at entries young for the grace; with the one last used at atime_ns aged, it would
+ * have reached its goal: the descent is to look again then (descent.c). Any thread, any lock. */
+void kev_note_young(struct kfs *fs, int64_t atime_ns);
 /* Ends the descent thread (after ev->descent.stop was set). */
 void kev_descent_join(struct kfs *fs);
 

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, backing_files, ensure_user
+from conftest import ROOT, backing_files, ensure_user, wait_for
 
 K = 1024
 
@@ -128,7 +128,9 @@ def test_getfattr_and_setfattr(kfs):
                          check=True).stdout
     for name in ("atime", "opens", "pinned"):
         assert f"user.kcachefs.{name}=" in out
-    assert int(os.getxattr(m.path("k"), "user.kcachefs.atime_ns")) == os.stat(m.path("k")).st_atime_ns
+    # once the daemon has had the RELEASE that close() queued (fs/ops-io.c, ATIME)
+    wait_for(lambda: int(os.getxattr(m.path("k"), "user.kcachefs.atime_ns")) == os.stat(m.path("k")).st_atime_ns,
+             timeout=5, what="the logged atime in stat")
     assert os.getxattr(m.path("k"), "user.kcachefs.opens") == b"2"
     subprocess.run(["setfattr", "-n", "user.kcachefs.pinned", "-v", "1", m.path("k")], check=True)
     assert os.getxattr(m.path("k"), "user.kcachefs.pinned") == b"1"

@@ -1,0 +1,152 @@
+"""A hit's hot path (issue #24), counted from the daemon's own request counters (user.kcachefs.requests,
+what the kernel sent, by opcode), so that a regression fails here rather than in a benchmark:
+
+- a runtime's hit of a warm file whose attributes the kernel holds (open, fstat, read to the end, close;
+  and NEO's variant with lseek(SEEK_END)) costs the kernel one synchronous request, OPEN. RELEASE follows
+  close() in the background and is counted apart; no FLUSH (the daemon opens with FOPEN_NOFLUSH), no
+  GETATTR (the access reaches the kernel's attributes at RELEASE, not at OPEN), no READ (passthrough, or
+  the kernel's page cache kept for an unchanged file);
+- after the opener closed the file, stat shows the logged last access (fs/ops-io.c, ATIME)."""
+import os
+import select
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import wait_for
+
+SYNC_FREE = {"RELEASE", "FORGET", "BATCH_FORGET", "INTERRUPT"}  # the kernel waits for none of these
+
+
+def requests(m):
+    words = os.getxattr(m.mnt, "user.kcachefs.requests").decode().split()
+    return {words[i]: int(words[i + 1]) for i in range(0, len(words), 2)}
+
+
+def delta(before, after):
+    return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
+
+
+def runtime_hit(path, neo):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if neo:  # NEO: the size from lseek, then back to the start
+            size = os.lseek(fd, 0, os.SEEK_END)
+            os.lseek(fd, 0, os.SEEK_SET)
+        else:
+            size = os.fstat(fd).st_size
+        got = b""
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            got += b
+        assert len(got) == size
+        return got
+    finally:
+        os.close(fd)
+
+
+def settled(m, path):
+    """Waits until every open of path has been released (RELEASE arrives after close()), and the kernel
+    holds path's attributes again: a stat that asks nothing."""
+    wait_for(lambda: (lambda r: r.get("RELEASE", 0) >= r.get("OPEN", 0) + r.get("CREATE", 0))(requests(m)),
+             what="every RELEASE")
+
+    def quiet_stat():
+        before = requests(m)
+        os.stat(path)
+        return "GETATTR" not in delta(before, requests(m))
+    for _ in range(2):  # twice: a RELEASE counted is one received, its handler may still be running
+        wait_for(quiet_stat, what="a stat answered from the kernel's attributes")
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "page cache"])
+@pytest.mark.parametrize("neo", [False, True], ids=["fstat", "lseek"])
+def test_a_warm_hit_costs_one_synchronous_request(kfs, mode, neo):
+    m = kfs({"nopassthrough": mode == "page cache"})
+    assert "user.kcachefs.requests" in os.listxattr(m.mnt)
+    pt = os.getxattr(m.mnt, "user.kcachefs.passthrough").decode()
+    if mode == "passthrough" and pt != "on":
+        pytest.skip(f"no passthrough here: {pt}")
+    data = os.urandom(256 << 10)
+    path = m.path("k.bin")
+    with open(path, "wb") as f:
+        f.write(data)
+    for _ in range(3):  # warm: the writer's handle released, passthrough or the page cache in place
+        settled(m, path)
+        assert runtime_hit(path, neo) == data
+    settled(m, path)
+    before = requests(m)
+    assert runtime_hit(path, neo) == data
+    wait_for(lambda: requests(m).get("RELEASE", 0) > before.get("RELEASE", 0), what="the hit's RELEASE")
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)  # our own reading of the counters
+    sync = {k: v for k, v in d.items() if k not in SYNC_FREE}
+    assert sync == {"OPEN": 1}, f"a warm hit sent {d}"
+    assert d.get("RELEASE") == 1
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "page cache"])
+def test_after_close_stat_shows_the_logged_atime(kfs, mode):
+    m = kfs({"nopassthrough": mode == "page cache"})
+    path = m.path("k.bin")
+    with open(path, "wb") as f:
+        f.write(b"k" * 8192)
+    for read in (True, False, True):
+        settled(m, path)
+        shown = os.stat(path).st_atime_ns  # the kernel holds the attributes now
+        fd = os.open(path, os.O_RDONLY)
+        if read:
+            assert os.read(fd, 1 << 20) == b"k" * 8192
+        logged = int(os.getxattr(path, "user.kcachefs.atime_ns"))
+        assert logged > shown
+        os.close(fd)
+        # At the latest once the daemon has had the RELEASE that close() queued (kcachefs(8), ATIME);
+        # without it the kernel would trust the attributes for an hour (-o timeout).
+        wait_for(lambda: os.stat(path).st_atime_ns == logged, timeout=5, what="the logged atime in stat")
+        assert int(os.getxattr(path, "user.kcachefs.atime_ns")) == logged
+
+
+
+def test_a_warm_open_reads_nothing_from_the_index(kfs):
+    # An OPEN of a file that did not change tells the index nothing: the inode knows the bytes its row
+    # holds (fs/inode.c, T3). Before, every OPEN asked the index for the row's old size (kidx_set_bytes ->
+    # size_of_row): an SQLite read transaction on the WAL, fcntl() locks on its -shm file, under the one
+    # read connection's mutex. Counted with strace on the daemon (flush_ms=60000: no commit meanwhile).
+    strace = shutil.which("strace")
+    if not strace:
+        pytest.skip("strace is not installed (scripts/install-deps installs it)")
+    m = kfs({"flush_ms": "60000"})
+    paths = [m.path(f"k{i}.bin") for i in range(20)]
+    for p in paths:
+        with open(p, "wb") as f:
+            f.write(os.urandom(64 << 10))
+    os.setxattr(m.mnt, "user.kcachefs.flush", b"1")  # the rows committed: only the database has them now
+    for p in paths:
+        settled(m, p)
+        runtime_hit(p, False)
+    pid = m.pid()
+    out = os.path.join(os.path.dirname(m.backing), "strace.out")
+    tracer = subprocess.Popen([strace, "-f", "-e", "trace=fcntl,pread64,fstat,newfstatat", "-o", out, "-p", str(pid)],
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        said, end = "", time.monotonic() + 10
+        while "attached" not in said and time.monotonic() < end:  # "Process N attached with M threads"
+            if select.select([tracer.stderr], [], [], 0.1)[0]:
+                said = tracer.stderr.readline()
+        assert "attached" in said, f"strace did not attach: {said!r}"
+        for _ in range(5):
+            for p in paths:
+                runtime_hit(p, False)
+        wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0), what="every RELEASE")
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    with open(out) as f:
+        lines = f.readlines()
+    assert any("fstat" in l for l in lines), "strace saw none of the OPENs' fstat calls"
+    index = [l for l in lines if "pread64(" in l or any(k in l for k in ("F_SETLK", "F_GETLK", "F_OFD_"))]
+    assert index == [], f"{len(index)} index calls in 100 warm opens, e.g. {index[:3]}"
