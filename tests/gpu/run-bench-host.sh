@@ -1,6 +1,8 @@
 #!/bin/bash
 # bench/run on the GPU machine's host (16 cores; device tool, not in CI). From the repository root there:
-#   bash tests/gpu/run-bench-host.sh [CARRY_DIR] [RUNS] [TARGETS]
+#   bash tests/gpu/run-bench-host.sh [CARRY_DIR] [RUNS] [TARGETS] [bench/run's other arguments...]
+# With bin/kcachefs-baseline in CARRY_DIR (KC_CARRY_BASELINE=BINARY scripts/gpu-carry), an argument
+# --baseline CARRY_DIR/bin/kcachefs-baseline measures it in the same run.
 # CARRY_DIR (scripts/gpu-carry makes it) gives bin/{kcachefs,kbench} with lib/, and fuse/{bin,lib}:
 # Debian's fusermount3, mergerfs and bindfs with their libraries (that machine has none of them).
 # bench/run wants a real disk, not tmpfs: the data lives on a fresh ext4 loop image, sparse, in /var/tmp
@@ -12,6 +14,7 @@ set -eu
 C=$(cd "${1:-.devcarry}" && pwd)
 RUNS=${2:-5}
 TARGETS=${3:-raw,kcachefs,kcachefs-nolog,bindfs,mergerfs}
+shift $(($# < 3 ? $# : 3))
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 W=/var/tmp/kcbench-host
 OUTDIR=${OUT:-/tmp}
@@ -36,4 +39,4 @@ if ! mountpoint -q "$W/disk"; then
   mount -o loop "$W/img" "$W/disk"
 fi
 echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2), Linux $(uname -r)"
-python3 "$ROOT/bench/run" --runs "$RUNS" --dir "$W/disk/bench" --targets "$TARGETS" --out "$OUTDIR/RESULTS-host.md"
+python3 "$ROOT/bench/run" --runs "$RUNS" --dir "$W/disk/bench" --targets "$TARGETS" --out "$OUTDIR/RESULTS-host.md" "$@"
