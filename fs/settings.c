@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -36,7 +35,7 @@
 #include "kfs.h"
 #include "evict/evict.h"
 
-enum kind { K_STR, K_FLAG, K_UINT, K_DOUBLE };
+enum kind { K_STR, K_FLAG }; /* numbers as text, read and checked by kfs_opts_check as the command line's */
 
 static const struct key {
         const char *name;
@@ -60,10 +59,10 @@ static const struct key {
         { "log", K_STR, offsetof(struct kfs_opts, log_path), false },
         { "remote", K_STR, offsetof(struct kfs_opts, remote_url), false },
         { "remote_auth", K_STR, offsetof(struct kfs_opts, remote_auth), false },
-        { "remote_timeout_ms", K_UINT, offsetof(struct kfs_opts, remote_timeout_ms), false },
-        { "remote_negative_s", K_DOUBLE, offsetof(struct kfs_opts, remote_negative_s), false },
-        { "remote_touch_s", K_DOUBLE, offsetof(struct kfs_opts, remote_touch_s), false },
-        { "herd_wait", K_DOUBLE, offsetof(struct kfs_opts, herd_wait), false },
+        { "remote_timeout_ms", K_STR, offsetof(struct kfs_opts, remote_timeout_ms_str), false },
+        { "remote_negative_s", K_STR, offsetof(struct kfs_opts, remote_negative_s_str), false },
+        { "remote_touch_s", K_STR, offsetof(struct kfs_opts, remote_touch_s_str), false },
+        { "herd_wait", K_STR, offsetof(struct kfs_opts, herd_wait_str), false },
         { "nolog", K_FLAG, offsetof(struct kfs_opts, nolog), false },
         { "nopassthrough", K_FLAG, offsetof(struct kfs_opts, nopassthrough), false },
         { "nouring", K_FLAG, offsetof(struct kfs_opts, nouring), false },
@@ -142,7 +141,6 @@ static int on_line(void *user, const char *section, const char *name, const char
         if (f->err)
                 return 0;
         const struct key *k = key_by_name(name);
-        char *end = NULL;
         f->err = -EINVAL;
         if (*section)
                 snprintf(f->why, f->len, "sections are not used ([%s]): write key = value lines", section);
@@ -151,24 +149,10 @@ static int on_line(void *user, const char *section, const char *name, const char
                          name);
         else if (k->kind == K_STR)
                 f->err = (free(*str_at(f->o, k)), (*str_at(f->o, k) = strdup(value)) ? 0 : -ENOMEM);
-        else if (k->kind == K_FLAG)
+        else
                 f->err = parse_flag(value, flag_at(f->o, k));
-        else if (k->kind == K_UINT) {
-                unsigned long v = strtoul(value, &end, 10);
-                if (*value >= '0' && *value <= '9' && !*end && v <= UINT_MAX) {
-                        *(unsigned *)((char *)f->o + k->off) = (unsigned)v;
-                        f->err = 0;
-                }
-        } else {
-                double v = strtod(value, &end);
-                if (*value && !*end) {
-                        *(double *)((char *)f->o + k->off) = v;
-                        f->err = 0;
-                }
-        }
         if (f->err == -EINVAL && k && !*section && k->kind != K_STR)
-                snprintf(f->why, f->len, "invalid %s '%s': expected %s", name, value,
-                         k->kind == K_FLAG ? "1 or 0 (yes, no, on, off)" : "a number");
+                snprintf(f->why, f->len, "invalid %s '%s': expected 1 or 0 (yes, no, on, off)", name, value);
         if (f->err == -ENOMEM)
                 snprintf(f->why, f->len, "out of memory");
         if (!f->err)
@@ -218,10 +202,6 @@ int kfs_settings_file(struct kfs_opts *o, const char *path, char *why, size_t le
                         *str_at(o, k) = *str_at(&f, k), *str_at(&f, k) = NULL;
                 else if (k->kind == K_FLAG)
                         *flag_at(o, k) |= *flag_at(&f, k); /* the command line can only turn one on */
-                else if (k->kind == K_UINT && *(unsigned *)((char *)o + k->off) == KFS_UNSET_UINT)
-                        *(unsigned *)((char *)o + k->off) = *(unsigned *)((char *)&f + k->off);
-                else if (k->kind == K_DOUBLE && isnan(*(double *)((char *)o + k->off)))
-                        *(double *)((char *)o + k->off) = *(double *)((char *)&f + k->off);
         }
         kfs_free_opts(&f);
         return r;
@@ -438,9 +418,7 @@ static void reload(struct kfs *fs)
                         char *real = k->off == offsetof(struct kfs_opts, backing) ? realpath(f.backing, NULL) : NULL;
                         bool same = real ? !strcmp(real, fs->o.backing)
                                     : k->kind == K_STR ? *str_at(&fs->o, k) && !strcmp(*str_at(&fs->o, k), *str_at(&f, k))
-                                    : k->kind == K_FLAG ? *flag_at(&fs->o, k) == *flag_at(&f, k)
-                                    : k->kind == K_UINT ? *(unsigned *)((char *)&fs->o + k->off) == *(unsigned *)((char *)&f + k->off)
-                                    : *(double *)((char *)&fs->o + k->off) == *(double *)((char *)&f + k->off);
+                                    : *flag_at(&fs->o, k) == *flag_at(&f, k);
                         free(real);
                         if (!same)
                                 kfs_log(LOG_WARNING, "SIGHUP: %s in %s cannot change on a running mount: kept as "
