@@ -238,17 +238,41 @@ static void pins_str(char **pins, char *buf, size_t size)
                 o += (size_t)snprintf(buf + o, size - o, "%s%s", p == pins ? "" : ":", *p);
 }
 
+/* A value of kcache config's "key=value" lines, its backslashes and newlines escaped (\\ and \n): a path
+ * may hold a newline, which would cut its line and forge the next (cli/config.c undoes it). NULL: ENOMEM. */
+static char *line_value(const char *s)
+{
+        char *r = malloc(2 * strlen(s) + 1), *w = r;
+        for (; r && *s; s++) {
+                if (*s == '\\' || *s == '\n')
+                        *w++ = '\\';
+                *w++ = *s == '\n' ? 'n' : *s;
+        }
+        if (w)
+                *w = '\0';
+        return r;
+}
+
 int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
 {
         struct kfs_opts *o = &fs->o;
         char pins[4096];
         pins_str(__atomic_load_n(&o->pins, __ATOMIC_ACQUIRE), pins, sizeof(pins));
+        enum { PIN, LAYOUT, INDEX, BACKING, MNT, CONFIG, LOG, REMOTE, AUTH, NSTR };
+        const char *raw[NSTR] = { pins, o->layout_str, o->index_path, o->backing, o->mountpoint, o->config_path,
+                                  fs->log_to, o->remote_url, o->remote_auth /* the file's name; never what it holds */ };
+        char *v[NSTR] = { 0 };
+        int n = 0;
+        for (int i = 0; i < NSTR; i++)
+                if (!(v[i] = line_value(raw[i] ? raw[i] : "")))
+                        n = -ENOMEM;
         pthread_mutex_lock(&fs->fdc.lock);
         size_t fds = fs->fdc.cap;
         pthread_mutex_unlock(&fs->fdc.lock);
         double tmp_age;
         __atomic_load(&o->tmp_age, &tmp_age, __ATOMIC_RELAXED);
-        int n = snprintf(buf, size,
+        if (n == 0)
+                n = snprintf(buf, size,
                          "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%.10g\nprotect=%s\npin=%s\n"
                          "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
                          "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_timeout_ms=%u\n"
@@ -258,14 +282,13 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->grace_ms, __ATOMIC_RELAXED), tmp_age,
                          __atomic_load_n(&o->protect, __ATOMIC_RELAXED) == KFS_PROTECT_WRITERS ? "writers" : "open",
-                         pins, __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED),
-                         o->layout_str ? o->layout_str : "", o->timeout, o->flush_ms, fds,
-                         o->index_path ? o->index_path : "", o->backing, o->mountpoint,
-                         o->config_path ? o->config_path : "", fs->log_to, o->remote_url ? o->remote_url : "",
-                         o->remote_auth ? o->remote_auth : "", /* the file's name; never what it holds */
+                         v[PIN], __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED), v[LAYOUT], o->timeout,
+                         o->flush_ms, fds, v[INDEX], v[BACKING], v[MNT], v[CONFIG], v[LOG], v[REMOTE], v[AUTH],
                          o->remote_timeout_ms, o->remote_negative_s, o->remote_touch_s, o->herd_wait, o->nolog,
                          o->nopassthrough, o->nouring, o->allow_other, (unsigned)fs->owner);
-        return n >= (int)size ? -E2BIG : n;
+        for (int i = 0; i < NSTR; i++)
+                free(v[i]);
+        return n < 0 ? n : n >= (int)size ? -E2BIG : n;
 }
 
 /* Applies c's live settings that were checked (kfs_opts_check) and are marked in set, saying each change;
