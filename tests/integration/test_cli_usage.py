@@ -231,3 +231,30 @@ def test_the_man_page_matches_every_verbs_help():
     assert "0 ok, 1 the operation failed, 2 bad usage" in top
     status = page.split(".SH EXIT STATUS")[1].split(".SH ")[0]
     assert re.findall(r"^\.B (\d)$", status, re.M) == ["0", "1", "2"] and "Bad usage" in status
+
+
+def test_the_readme_shows_every_verb_as_its_help_does_and_its_settings_example_runs(kfs, tmp_path):
+    """README.md's operations section: its summary of kcache has each verb of kcache --help, in the form of
+    the verb's usage line where it gives one; the example of "Changing settings of a running mount" (kcache
+    set, then kcache config) runs as written against a mount at ~/.cache/kcachefs/mnt and does what it says."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    ops = readme.split("## Inspecting and managing a cache")[1].split("\n## ")[0]
+    summary = ops.split("```\n")[1]
+    said = {line.split()[1]: " ".join(line.split()) for line in summary.splitlines() if line.startswith("kcache ")}
+    for verb in VERBS:
+        said_verb = said.get(verb) or next((v for k, v in said.items() if f"kcache {verb} " in v), None)
+        assert said_verb, f"README's summary lacks kcache {verb}"
+        usage = subprocess.run([kcache_bin(), verb, "--help"], capture_output=True, text=True, check=True).stdout
+        form = " ".join(usage.splitlines()[0].replace("usage:", "").split())
+        if verb not in ("evict", "pin", "unpin"):  # those two lines sum several forms up
+            assert said_verb.startswith(form), (said_verb, form)
+    example = ops.split("### Changing settings of a running mount")[1].split("```sh\n")[1].split("```")[0]
+    assert "kcache set" in example and "kcache config" in example
+    m = kfs({"max_size": "8M"})
+    home = tmp_path / "home"
+    (home / ".cache" / "kcachefs").mkdir(parents=True)
+    os.symlink(m.mnt, home / ".cache" / "kcachefs" / "mnt")
+    env = dict(os.environ, HOME=str(home), PATH=os.path.dirname(os.path.abspath(kcache_bin())) + ":" + os.environ["PATH"])
+    p = subprocess.run(["bash", "-ec", example], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "max_size 21474836480 (was 8388608)" in p.stdout and "20.0 GiB" in p.stdout, p.stdout
