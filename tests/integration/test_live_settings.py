@@ -282,3 +282,16 @@ def test_quickstart_rerun_with_a_new_size_changes_the_running_limit():
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-u", mnt])
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_shrinking_says_its_progress_until_within_the_new_limit(kfs):
+    """The files are all used within grace_ms when the limit drops, so eviction must wait for them: kcache
+    set says where used_bytes stands as it goes down ("evicting down to"), then that it is within the
+    limit, and the background eviction gets there once the grace has passed, with no write to start it."""
+    m = kfs({"max_size": "16M", "grace_ms": "3000"})  # longer than the fill takes, under ASan too
+    fill(m, "young", 40, 256 * K)  # 10 MiB, every file used just now
+    p = kcache("set", m.mnt, "max_size=4M", "--wait", "30s")
+    progress = [l for l in p.stderr.splitlines() if l.startswith("kcache: evicting down to 4.0 MiB: ")]
+    assert progress, p.stderr
+    assert p.stderr.splitlines()[-1].endswith("within the new limit of 4.0 MiB"), p.stderr
+    m.assert_within(4 * M)
