@@ -59,6 +59,9 @@ static const struct key {
         { "log", K_STR, offsetof(struct kfs_opts, log_path), false },
         { "remote", K_STR, offsetof(struct kfs_opts, remote_url), false },
         { "remote_auth", K_STR, offsetof(struct kfs_opts, remote_auth), false },
+        { "remote_publish", K_STR, offsetof(struct kfs_opts, remote_publish), false },
+        { "remote_publisher", K_STR, offsetof(struct kfs_opts, remote_publisher), false },
+        { "remote_trusted", K_STR, offsetof(struct kfs_opts, remote_trusted), false },
         { "remote_timeout_ms", K_STR, offsetof(struct kfs_opts, remote_timeout_ms_str), false },
         { "remote_negative_s", K_STR, offsetof(struct kfs_opts, remote_negative_s_str), false },
         { "remote_touch_s", K_STR, offsetof(struct kfs_opts, remote_touch_s_str), false },
@@ -258,9 +261,10 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
         struct kfs_opts *o = &fs->o;
         char pins[4096];
         pins_str(__atomic_load_n(&o->pins, __ATOMIC_ACQUIRE), pins, sizeof(pins));
-        enum { PIN, LAYOUT, INDEX, BACKING, MNT, CONFIG, LOG, REMOTE, AUTH, NSTR };
+        enum { PIN, LAYOUT, INDEX, BACKING, MNT, CONFIG, LOG, REMOTE, AUTH, PUBLISH, PUBLISHER, TRUSTED, NSTR };
         const char *raw[NSTR] = { pins, o->layout_str, o->index_path, o->backing, o->mountpoint, o->config_path,
-                                  fs->log_to, o->remote_url, o->remote_auth /* the file's name; never what it holds */ };
+                                  fs->log_to, o->remote_url, o->remote_auth /* the file's name; never what it holds */,
+                                  o->remote_publish, o->remote_publisher, o->remote_trusted };
         char *v[NSTR] = { 0 };
         int n = 0;
         for (int i = 0; i < NSTR; i++)
@@ -275,17 +279,19 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                 n = snprintf(buf, size,
                          "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%.10g\nprotect=%s\npin=%s\n"
                          "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
-                         "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_timeout_ms=%u\n"
-                         "remote_negative_s=%.10g\nremote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\n"
-                         "nouring=%d\nallow_other=%d\nowner=%u\n",
+                         "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_publish=%s\n"
+                         "remote_publisher=%s\nremote_trusted=%s\nremote_timeout_ms=%u\nremote_negative_s=%.10g\n"
+                         "remote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\nnouring=%d\nrebuild=%d\n"
+                         "tighten=%d\nallow_other=%d\nowner=%u\n",
                          __atomic_load_n(&o->max_size, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->grace_ms, __ATOMIC_RELAXED), tmp_age,
                          __atomic_load_n(&o->protect, __ATOMIC_RELAXED) == KFS_PROTECT_WRITERS ? "writers" : "open",
                          v[PIN], __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED), v[LAYOUT], o->timeout,
                          o->flush_ms, fds, v[INDEX], v[BACKING], v[MNT], v[CONFIG], v[LOG], v[REMOTE], v[AUTH],
-                         o->remote_timeout_ms, o->remote_negative_s, o->remote_touch_s, o->herd_wait, o->nolog,
-                         o->nopassthrough, o->nouring, o->allow_other, (unsigned)fs->owner);
+                         v[PUBLISH], v[PUBLISHER], v[TRUSTED], o->remote_timeout_ms, o->remote_negative_s,
+                         o->remote_touch_s, o->herd_wait, o->nolog, o->nopassthrough, o->nouring, o->rebuild,
+                         o->tighten, o->allow_other, (unsigned)fs->owner);
         for (int i = 0; i < NSTR; i++)
                 free(v[i]);
         return n < 0 ? n : n >= (int)size ? -E2BIG : n;

@@ -295,3 +295,43 @@ def test_shrinking_says_its_progress_until_within_the_new_limit(kfs):
     assert progress, p.stderr
     assert p.stderr.splitlines()[-1].endswith("within the new limit of 4.0 MiB"), p.stderr
     m.assert_within(4 * M)
+
+
+def test_every_option_of_kcachefs_help_is_a_setting_of_the_file_and_of_config(kfs, workdir):
+    """kcachefs(8): the settings file takes every -o option by its name, and kcache config shows every
+    setting of the running mount. A settings file that gives each of kcachefs --help's options (but
+    config= itself) mounts, and kcache config --json shows each; a new option must be added here."""
+    import re
+    d = workdir[0]
+    auth = os.path.join(private_dir(d), "redis.auth")
+    with open(auth, "w") as f:
+        f.write("pw\n")
+    os.chmod(auth, 0o600)
+    values = {"max_size": ("7M", 7 * M), "low_watermark": ("80", 80), "pin": ("a*:b", "a*:b"),
+              "protect": ("writers", "writers"), "layout": ("auto", "auto"), "tmp_age": ("2h", 7200),
+              "stale_locks": ("yes", 1), "grace_ms": ("150", 150), "inode_fds": ("64", 64),
+              "index": (None, None), "timeout": ("5", 5), "flush_ms": ("100", 100), "log": (None, None),
+              "rebuild": ("yes", None), "tighten": ("no", None), "nopassthrough": ("yes", 1), "nouring": ("yes", 1),
+              "nolog": ("no", 0), "remote": ("redis://127.0.0.1:1", "redis://127.0.0.1:1"),
+              "remote_auth": (auth, auth), "remote_timeout_ms": ("7", 7), "remote_negative_s": ("9", 9),
+              "remote_touch_s": ("2", 2), "herd_wait": ("1", 1), "remote_publish": ("ci", "ci"),
+              "remote_publisher": ("root", "root"), "remote_trusted": ("ci:tools", "ci:tools")}
+    helped = set(re.findall(r"^\s+-o ([a-z_]+)", subprocess.run([kcachefs_bin(), "--help"], capture_output=True,
+                                                                 text=True).stdout.split("FUSE options:")[0], re.M))
+    assert helped - {"config"} == set(values), (helped - {"config"}) ^ set(values)
+    m = kfs(start=False)
+    idx = os.path.join(private_dir(d), "idx")
+    os.makedirs(idx)
+    values["index"] = (os.path.join(idx, "index.db"), os.path.join(idx, "index.db"))
+    values["log"] = (os.path.join(d, "file-given.log"), os.path.join(d, "file-given.log"))
+    conf = settings_file(d, "".join(f"{k} = {v}\n" for k, (v, _) in values.items()))
+    m.opts = {"config": conf}
+    p = m.start(check=False)
+    assert p.returncode == 0, p.stderr
+    m.index = values["index"][0]  # where the file put it, for stop() to find the daemon's lock
+    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
+    c = config(m)
+    for k, (_, want) in values.items():
+        assert k in c, f"kcache config lacks {k}"
+        if want is not None:
+            assert c[k] == want, (k, c[k], want)
