@@ -248,6 +248,9 @@ def test_the_readme_shows_every_verb_as_its_help_does_and_its_settings_example_r
         form = " ".join(usage.splitlines()[0].replace("usage:", "").split())
         if verb not in ("evict", "pin", "unpin"):  # those two lines sum several forms up
             assert said_verb.startswith(form), (said_verb, form)
+    # The textfile collector: Debian's directory (not upstream's), written whole with -o (never with >).
+    assert "kcache stats --prometheus -o /var/lib/prometheus/node-exporter/kcachefs.prom" in ops
+    assert not re.search(r"--prometheus[^\n`]*>", readme) and "/var/lib/node_exporter" not in readme
     example = ops.split("### Changing settings of a running mount")[1].split("```sh\n")[1].split("```")[0]
     assert "kcache set" in example and "kcache config" in example
     m = kfs({"max_size": "8M"})
