@@ -313,6 +313,34 @@ def test_log_appends_to_the_file_given(dirs):
     log_lines(log, "unmounted")
 
 
+@needs_root
+def test_a_warning_of_the_running_daemon_reaches_its_log_once_with_its_priority(dirs):
+    """A pin on a backing filesystem without user extended attributes (ramfs) is kept in the index only,
+    and the detached daemon says so: through kfs_log at warning, not through stderr's pipe, which took it
+    for an unknown line and logged 'warning: warning: ...'."""
+    d, b, m = dirs
+    subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "ramfs", b], check=True)
+    dirs_cleanup = b
+    log = os.path.join(d, "daemon.log")
+    try:
+        p = run("-o", f"log={log}", b, m)
+        assert p.returncode == 0, p.stderr
+        wait_for(lambda: os.path.ismount(m), what="mount")
+        for n in ("one", "two"):
+            with open(os.path.join(m, n), "w") as f:
+                f.write(n)
+            kc = os.path.join(ROOT, os.environ.get("KCACHE_BUILD", "build"), "kcache")
+            subprocess.run([kc, "pin", os.path.join(m, n)], check=True, capture_output=True, timeout=60)
+        lines = log_lines(log, "no user extended attributes")
+        said = [(prio, msg) for _, prio, msg in lines if "no user extended attributes" in msg]
+        assert said == [("warning", f"{b} has no user extended attributes: pins are kept in the index only, and "
+                                    "a rebuild of a lost or corrupt index forgets them")], lines
+    finally:
+        subprocess.run(["fusermount3", "-u", m], capture_output=True)
+        wait_for(lambda: not os.path.ismount(m), what="unmount")
+        subprocess.run(["umount", "-l", dirs_cleanup], capture_output=True)
+
+
 @pytest.mark.parametrize("where", ["backing", "mount", "missing"])
 def test_a_log_where_it_cannot_be_is_refused_in_one_line(dirs, where):
     d, b, m = dirs
