@@ -2,7 +2,8 @@
  *
  * The daemon owns the settings and their checking: config reads the root attribute user.kcachefs.config
  * ("key=value" lines), set writes user.kcachefs.set with the operator's KEY=VALUE lines and, on EINVAL,
- * reads the daemon's reason from set_refusal. kcache checks only the form (KEY=VALUE): the values are read
+ * reads the daemon's reason from set_refusal. A value's backslashes and newlines come escaped (\\, \n:
+ * a path may hold a newline); config undoes that, and writes the strings as kcache(1), NAMES says. kcache checks only the form (KEY=VALUE): the values are read
  * and range-checked by the daemon's one checker (fs/options.c kfs_opts_check), as at mount, so that
  * kcache set and -o never disagree. A refused set changes nothing (settings.c S2).
  * After a smaller max_size, set waits (--wait, default 5m) while the daemon's background eviction takes
@@ -25,6 +26,19 @@
 #include "../common/parse.h"
 
 #define CONFIG_MAX 65536
+
+/* Undoes the daemon's escapes of a config value in place (fs/settings.c line_value): \\ and \n. */
+static void unescape(char *s)
+{
+        char *w = s;
+        for (; *s; s++) {
+                if (*s == '\\' && (s[1] == '\\' || s[1] == 'n'))
+                        *w++ = *++s == 'n' ? '\n' : '\\';
+                else
+                        *w++ = *s;
+        }
+        *w = '\0';
+}
 
 /* The value of key in the daemon's config lines, copied into buf; false if absent. */
 static bool config_value(const char *config, const char *key, char *buf, size_t size)
@@ -86,7 +100,8 @@ int kc_cmd_config(const struct kc_verb *v, int argc, char **argv)
                 if (!eq)
                         continue;
                 *eq = '\0';
-                const char *val = eq + 1;
+                char *val = eq + 1;
+                unescape(val);
                 if (json) {
                         json_object *jv = NULL; /* null: a setting that is not set */
                         if (!*val && strcmp(l, "pin") && strcmp(l, "layout"))
@@ -102,8 +117,12 @@ int kc_cmd_config(const struct kc_verb *v, int argc, char **argv)
                         char h[32];
                         kc_human(strtoull(val, NULL, 10), h, sizeof(h));
                         printf("%-18s %s (%s bytes)\n", l, h, val);
-                } else {
+                } else if (!*val || is_number(val)) {
                         printf("%-18s %s\n", l, *val ? val : !strcmp(l, "pin") ? "(none)" : "-");
+                } else { /* paths and the operator's strings: never a forged line nor a terminal escape */
+                        printf("%-18s ", l);
+                        kc_put_shell(stdout, val);
+                        putchar('\n');
                 }
         }
         if (json) {

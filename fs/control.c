@@ -457,9 +457,8 @@ static int pin_backing(struct kfs *fs, struct kfs_inode *in, bool pin)
                 return 0; /* pinned before pins were kept on the file, or never pinned */
         if (r == -ENOTSUP || r == -EOPNOTSUPP) {
                 if (!atomic_exchange(&told, true))
-                        fprintf(stderr, "kcachefs: warning: %s has no user extended attributes: pins are kept in the "
-                                        "index only, and a rebuild of a lost or corrupt index forgets them\n",
-                                fs->o.backing);
+                        kfs_log(LOG_WARNING, "%s has no user extended attributes: pins are kept in the index only, "
+                                             "and a rebuild of a lost or corrupt index forgets them", fs->o.backing);
                 return 0;
         }
         return r;

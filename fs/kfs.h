@@ -127,6 +127,8 @@ struct kfs_opts {
         double remote_negative_s; /* a miss of the server remembered this long */
         double remote_touch_s;    /* units in use told to the server this often */
         double herd_wait;         /* a lookup waits this long for another node's compile; 0: never */
+        char *remote_timeout_ms_str, *remote_negative_s_str, *remote_touch_s_str, *herd_wait_str; /* as given,
+                                     or NULL: read into the four above by kfs_opts_check(), range checked */
         int show_help, show_version;
 };
 
@@ -570,13 +572,11 @@ void kfs_xattr_end(struct kfs *fs, struct kfs_inode *in, uint64_t held);
 /* settings.c (the settings file, kcache config and set, SIGHUP) */
 /* The defaults of the settings that a mount may change (kcachefs --help says them). */
 #define KFS_DEFAULT_MAX_SIZE "1G"
-#define KFS_UNSET_UINT UINT_MAX
 #define KFS_DEFAULT_PINS KFS_NEO_SIZE_FILE ":" KFS_SYCL_SIZE_FILE ":*.lock:" KFS_JAX_LOCK ":lock:ccache.conf"
 /* Reads the settings file PATH into o: a key the command line gave (set in o already) keeps the command
  * line's value. backing = PATH is the backing directory where the command line gives only MOUNTPOINT
- * (main.c moves that operand before). The numbers that fuse_opt reads itself (remote_timeout_ms, remote_negative_s,
- * remote_touch_s, herd_wait) count as not given while KFS_UNSET_UINT or NaN: main.c sets their defaults
- * after. 0, or -errno with why (FILE:LINE: what) filled. */
+ * (main.c moves that operand before). Every value is kept as text, as the command line's, for
+ * kfs_opts_check to read. 0, or -errno with why (FILE:LINE: what) filled. */
 int kfs_settings_file(struct kfs_opts *o, const char *path, char *why, size_t len);
 /* After the options are parsed and before the file is read: the command line's own settings are kept,
  * which win over the file's at SIGHUP too. 0 or -ENOMEM. */

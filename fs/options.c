@@ -110,7 +110,14 @@ int kfs_opts_check(struct kfs_opts *o, const char *default_max_size, char *why, 
             check_duration("tmp_age", o->tmp_age_str, 1, 30 * 86400, "1s", "30d", &o->tmp_age, why, len) < 0 ||
             check_whole("grace_ms", o->grace_ms_str, "milliseconds", 0, 3600000, &o->grace_ms, why, len) < 0 ||
             check_whole("flush_ms", o->flush_ms_str, "milliseconds", 10, 60000, &o->flush_ms, why, len) < 0 ||
-            check_whole("inode_fds", o->inode_fds_str, "descriptors", 1, 1u << 30, &o->inode_fds, why, len) < 0)
+            check_whole("inode_fds", o->inode_fds_str, "descriptors", 1, 1u << 30, &o->inode_fds, why, len) < 0 ||
+            check_whole("remote_timeout_ms", o->remote_timeout_ms_str, "milliseconds", 1, 60000, &o->remote_timeout_ms,
+                        why, len) < 0 ||
+            check_duration("remote_negative_s", o->remote_negative_s_str, 0, 86400, "0", "1d", &o->remote_negative_s,
+                           why, len) < 0 ||
+            check_duration("remote_touch_s", o->remote_touch_s_str, 0.1, 86400, "0.1s", "1d", &o->remote_touch_s, why,
+                           len) < 0 ||
+            check_duration("herd_wait", o->herd_wait_str, 0, 3600, "0", "1h", &o->herd_wait, why, len) < 0)
                 return -EINVAL;
         if (o->protect_str) {
                 if (strcmp(o->protect_str, "open") && strcmp(o->protect_str, "writers")) {
@@ -179,6 +186,10 @@ void kfs_free_opts(struct kfs_opts *o)
         free(o->grace_ms_str);
         free(o->flush_ms_str);
         free(o->inode_fds_str);
+        free(o->remote_timeout_ms_str);
+        free(o->remote_negative_s_str);
+        free(o->remote_touch_s_str);
+        free(o->herd_wait_str);
         free(o->log_path);
         free(o->config_path);
 }
@@ -212,10 +223,10 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("remote_publish=%s", remote_publish),
         OPT("remote_publisher=%s", remote_publisher),
         OPT("remote_trusted=%s", remote_trusted),
-        OPT("remote_timeout_ms=%u", remote_timeout_ms),
-        OPT("remote_negative_s=%lf", remote_negative_s),
-        OPT("remote_touch_s=%lf", remote_touch_s),
-        OPT("herd_wait=%lf", herd_wait),
+        OPT("remote_timeout_ms=%s", remote_timeout_ms_str), /* not %u, %lf: sscanf took "-1" for "not given", */
+        OPT("remote_negative_s=%s", remote_negative_s_str), /* "5m" for 5 s and "nan" for the default */
+        OPT("remote_touch_s=%s", remote_touch_s_str),
+        OPT("herd_wait=%s", herd_wait_str),
         /* libfuse's, noted and passed on: a shared mount gets default_permissions,nosuid,nodev (main.c) */
         FUSE_OPT_KEY("allow_other", KEY_ALLOW_OTHER),
         FUSE_OPT_KEY("default_permissions", KEY_DEFAULT_PERMISSIONS),

@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
-#include <math.h>
 #include <pthread.h>
 #include <semaphore.h>
 #include <signal.h>
@@ -36,7 +35,7 @@
 #include "kfs.h"
 #include "evict/evict.h"
 
-enum kind { K_STR, K_FLAG, K_UINT, K_DOUBLE };
+enum kind { K_STR, K_FLAG }; /* numbers as text, read and checked by kfs_opts_check as the command line's */
 
 static const struct key {
         const char *name;
@@ -60,13 +59,13 @@ static const struct key {
         { "log", K_STR, offsetof(struct kfs_opts, log_path), false },
         { "remote", K_STR, offsetof(struct kfs_opts, remote_url), false },
         { "remote_auth", K_STR, offsetof(struct kfs_opts, remote_auth), false },
-        { "remote_timeout_ms", K_UINT, offsetof(struct kfs_opts, remote_timeout_ms), false },
-        { "remote_negative_s", K_DOUBLE, offsetof(struct kfs_opts, remote_negative_s), false },
-        { "remote_touch_s", K_DOUBLE, offsetof(struct kfs_opts, remote_touch_s), false },
-        { "herd_wait", K_DOUBLE, offsetof(struct kfs_opts, herd_wait), false },
         { "remote_publish", K_STR, offsetof(struct kfs_opts, remote_publish), false },
         { "remote_publisher", K_STR, offsetof(struct kfs_opts, remote_publisher), false },
         { "remote_trusted", K_STR, offsetof(struct kfs_opts, remote_trusted), false },
+        { "remote_timeout_ms", K_STR, offsetof(struct kfs_opts, remote_timeout_ms_str), false },
+        { "remote_negative_s", K_STR, offsetof(struct kfs_opts, remote_negative_s_str), false },
+        { "remote_touch_s", K_STR, offsetof(struct kfs_opts, remote_touch_s_str), false },
+        { "herd_wait", K_STR, offsetof(struct kfs_opts, herd_wait_str), false },
         { "nolog", K_FLAG, offsetof(struct kfs_opts, nolog), false },
         { "nopassthrough", K_FLAG, offsetof(struct kfs_opts, nopassthrough), false },
         { "nouring", K_FLAG, offsetof(struct kfs_opts, nouring), false },
@@ -145,7 +144,6 @@ static int on_line(void *user, const char *section, const char *name, const char
         if (f->err)
                 return 0;
         const struct key *k = key_by_name(name);
-        char *end = NULL;
         f->err = -EINVAL;
         if (*section)
                 snprintf(f->why, f->len, "sections are not used ([%s]): write key = value lines", section);
@@ -154,24 +152,10 @@ static int on_line(void *user, const char *section, const char *name, const char
                          name);
         else if (k->kind == K_STR)
                 f->err = (free(*str_at(f->o, k)), (*str_at(f->o, k) = strdup(value)) ? 0 : -ENOMEM);
-        else if (k->kind == K_FLAG)
+        else
                 f->err = parse_flag(value, flag_at(f->o, k));
-        else if (k->kind == K_UINT) {
-                unsigned long v = strtoul(value, &end, 10);
-                if (*value >= '0' && *value <= '9' && !*end && v <= UINT_MAX) {
-                        *(unsigned *)((char *)f->o + k->off) = (unsigned)v;
-                        f->err = 0;
-                }
-        } else {
-                double v = strtod(value, &end);
-                if (*value && !*end) {
-                        *(double *)((char *)f->o + k->off) = v;
-                        f->err = 0;
-                }
-        }
         if (f->err == -EINVAL && k && !*section && k->kind != K_STR)
-                snprintf(f->why, f->len, "invalid %s '%s': expected %s", name, value,
-                         k->kind == K_FLAG ? "1 or 0 (yes, no, on, off)" : "a number");
+                snprintf(f->why, f->len, "invalid %s '%s': expected 1 or 0 (yes, no, on, off)", name, value);
         if (f->err == -ENOMEM)
                 snprintf(f->why, f->len, "out of memory");
         if (!f->err)
@@ -221,10 +205,6 @@ int kfs_settings_file(struct kfs_opts *o, const char *path, char *why, size_t le
                         *str_at(o, k) = *str_at(&f, k), *str_at(&f, k) = NULL;
                 else if (k->kind == K_FLAG)
                         *flag_at(o, k) |= *flag_at(&f, k); /* the command line can only turn one on */
-                else if (k->kind == K_UINT && *(unsigned *)((char *)o + k->off) == KFS_UNSET_UINT)
-                        *(unsigned *)((char *)o + k->off) = *(unsigned *)((char *)&f + k->off);
-                else if (k->kind == K_DOUBLE && isnan(*(double *)((char *)o + k->off)))
-                        *(double *)((char *)o + k->off) = *(double *)((char *)&f + k->off);
         }
         kfs_free_opts(&f);
         return r;
@@ -261,37 +241,60 @@ static void pins_str(char **pins, char *buf, size_t size)
                 o += (size_t)snprintf(buf + o, size - o, "%s%s", p == pins ? "" : ":", *p);
 }
 
+/* A value of kcache config's "key=value" lines, its backslashes and newlines escaped (\\ and \n): a path
+ * may hold a newline, which would cut its line and forge the next (cli/config.c undoes it). NULL: ENOMEM. */
+static char *line_value(const char *s)
+{
+        char *r = malloc(2 * strlen(s) + 1), *w = r;
+        for (; r && *s; s++) {
+                if (*s == '\\' || *s == '\n')
+                        *w++ = '\\';
+                *w++ = *s == '\n' ? 'n' : *s;
+        }
+        if (w)
+                *w = '\0';
+        return r;
+}
+
 int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
 {
         struct kfs_opts *o = &fs->o;
         char pins[4096];
         pins_str(__atomic_load_n(&o->pins, __ATOMIC_ACQUIRE), pins, sizeof(pins));
+        enum { PIN, LAYOUT, INDEX, BACKING, MNT, CONFIG, LOG, REMOTE, AUTH, PUBLISH, PUBLISHER, TRUSTED, NSTR };
+        const char *raw[NSTR] = { pins, o->layout_str, o->index_path, o->backing, o->mountpoint, o->config_path,
+                                  fs->log_to, o->remote_url, o->remote_auth /* the file's name; never what it holds */,
+                                  o->remote_publish, o->remote_publisher, o->remote_trusted };
+        char *v[NSTR] = { 0 };
+        int n = 0;
+        for (int i = 0; i < NSTR; i++)
+                if (!(v[i] = line_value(raw[i] ? raw[i] : "")))
+                        n = -ENOMEM;
         pthread_mutex_lock(&fs->fdc.lock);
         size_t fds = fs->fdc.cap;
         pthread_mutex_unlock(&fs->fdc.lock);
         double tmp_age;
         __atomic_load(&o->tmp_age, &tmp_age, __ATOMIC_RELAXED);
-        int n = snprintf(buf, size,
+        if (n == 0)
+                n = snprintf(buf, size,
                          "max_size=%" PRIu64 "\nlow_watermark=%u\ngrace_ms=%u\ntmp_age=%.10g\nprotect=%s\npin=%s\n"
                          "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
-                         "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_timeout_ms=%u\n"
-                         "remote_negative_s=%.10g\nremote_touch_s=%.10g\nherd_wait=%.10g\nremote_publish=%s\n"
-                         "remote_publisher=%s\nremote_trusted=%s\nnolog=%d\nnopassthrough=%d\n"
-                         "nouring=%d\nallow_other=%d\nowner=%u\n",
+                         "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_publish=%s\n"
+                         "remote_publisher=%s\nremote_trusted=%s\nremote_timeout_ms=%u\nremote_negative_s=%.10g\n"
+                         "remote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\nnouring=%d\nrebuild=%d\n"
+                         "tighten=%d\nallow_other=%d\nowner=%u\n",
                          __atomic_load_n(&o->max_size, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->grace_ms, __ATOMIC_RELAXED), tmp_age,
                          __atomic_load_n(&o->protect, __ATOMIC_RELAXED) == KFS_PROTECT_WRITERS ? "writers" : "open",
-                         pins, __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED),
-                         o->layout_str ? o->layout_str : "", o->timeout, o->flush_ms, fds,
-                         o->index_path ? o->index_path : "", o->backing, o->mountpoint,
-                         o->config_path ? o->config_path : "", fs->log_to, o->remote_url ? o->remote_url : "",
-                         o->remote_auth ? o->remote_auth : "", /* the file's name; never what it holds */
-                         o->remote_timeout_ms, o->remote_negative_s, o->remote_touch_s, o->herd_wait,
-                         o->remote_publish ? o->remote_publish : "", o->remote_publisher ? o->remote_publisher : "",
-                         o->remote_trusted ? o->remote_trusted : "", o->nolog,
-                         o->nopassthrough, o->nouring, o->allow_other, (unsigned)fs->owner);
-        return n >= (int)size ? -E2BIG : n;
+                         v[PIN], __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED), v[LAYOUT], o->timeout,
+                         o->flush_ms, fds, v[INDEX], v[BACKING], v[MNT], v[CONFIG], v[LOG], v[REMOTE], v[AUTH],
+                         v[PUBLISH], v[PUBLISHER], v[TRUSTED], o->remote_timeout_ms, o->remote_negative_s,
+                         o->remote_touch_s, o->herd_wait, o->nolog, o->nopassthrough, o->nouring, o->rebuild,
+                         o->tighten, o->allow_other, (unsigned)fs->owner);
+        for (int i = 0; i < NSTR; i++)
+                free(v[i]);
+        return n < 0 ? n : n >= (int)size ? -E2BIG : n;
 }
 
 /* Applies c's live settings that were checked (kfs_opts_check) and are marked in set, saying each change;
@@ -444,9 +447,7 @@ static void reload(struct kfs *fs)
                         char *real = k->off == offsetof(struct kfs_opts, backing) ? realpath(f.backing, NULL) : NULL;
                         bool same = real ? !strcmp(real, fs->o.backing)
                                     : k->kind == K_STR ? *str_at(&fs->o, k) && !strcmp(*str_at(&fs->o, k), *str_at(&f, k))
-                                    : k->kind == K_FLAG ? *flag_at(&fs->o, k) == *flag_at(&f, k)
-                                    : k->kind == K_UINT ? *(unsigned *)((char *)&fs->o + k->off) == *(unsigned *)((char *)&f + k->off)
-                                    : *(double *)((char *)&fs->o + k->off) == *(double *)((char *)&f + k->off);
+                                    : *flag_at(&fs->o, k) == *flag_at(&f, k);
                         free(real);
                         if (!same)
                                 kfs_log(LOG_WARNING, "SIGHUP: %s in %s cannot change on a running mount: kept as "

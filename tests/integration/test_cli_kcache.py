@@ -394,3 +394,34 @@ def test_a_user_cannot_forge_a_pin_through_the_mount(kfs):
     m.start()
     assert os.getxattr(m.path("mine"), "user.kcachefs.pinned") == b"0"
     assert os.getxattr(m.path("roots"), "user.kcachefs.pinned") == b"0"
+
+
+def test_what_is_never_evicted_is_shown_apart_and_not_listed_to_go(kfs):
+    """The issue's Mesa case: Mesa's index (every GL process maps it) is 1.5 MiB of a 4 MiB cache and was
+    listed among the next to go. kcache stats counts the bytes never evicted (kept), --json and
+    --prometheus too; ls --lru leaves them out, --mru shows every file; kcache evict --to 0 leaves them."""
+    m = kfs({"max_size": "4M", "grace_ms": "0"})
+    os.makedirs(m.path("mesa/mesa_shader_cache/ab"))
+    with open(m.path("mesa/mesa_shader_cache/index"), "wb") as f:
+        f.write(b"i" * (1536 * K))
+    for i in range(4):
+        with open(m.path(f"mesa/mesa_shader_cache/ab/entry{i}"), "wb") as f:
+            f.write(b"e" * (64 * K))
+    os.makedirs(m.path("neo"))
+    with open(m.path("neo/config.file"), "wb") as f:
+        f.write(b"1234")
+    s = json.loads(kcache("stats", "--json", m.mnt).stdout)
+    kept_bytes = 1536 * K + 4096  # config.file: one block on tmpfs
+    assert s["kept_files"] == 2 and s["kept_bytes"] == kept_bytes, s
+    plain = kcache("stats", m.mnt).stdout
+    assert re.search(r"^kept +2 files \(1\.5 MiB\) never evicted", plain, re.M), plain
+    prom = kcache("stats", "--prometheus", m.mnt).stdout
+    assert re.search(r"^kcachefs_kept_bytes\{[^}]*\} %d$" % kept_bytes, prom, re.M), prom
+    lru = kcache("ls", "--lru", m.mnt).stdout
+    assert "entry0" in lru and "index" not in lru and "config.file" not in lru, lru
+    rows = json.loads(kcache("ls", "--json", m.mnt).stdout)
+    assert sorted(r["path"] for r in rows) == [f"mesa/mesa_shader_cache/ab/entry{i}" for i in range(4)], rows
+    assert "mesa/mesa_shader_cache/index" in kcache("ls", "--mru", m.mnt).stdout
+    kcache("evict", m.mnt, "--to", "0")
+    assert os.path.getsize(m.path("mesa/mesa_shader_cache/index")) == 1536 * K
+    assert os.path.exists(m.path("neo/config.file")) and not os.path.exists(m.path("mesa/mesa_shader_cache/ab/entry0"))

@@ -193,9 +193,24 @@ def test_only_the_owner_or_root_may_zero(kfs):
 VERBS = ["stats", "remote", "zero", "config", "set", "ls", "evict", "pin", "unpin", "verify", "env", "show"]
 
 
+def verb_paragraphs(page):
+    """{verb: text} of kcache(1)'s DESCRIPTION: each tagged paragraph (.TP, then .B verb or .BR verb ", "
+    verb) with the indented ones (.IP) that follow it, fonts taken out."""
+    desc = page.split(".SH DESCRIPTION")[1].split("\n.SH ")[0]
+    paras = {}
+    for e in desc.split("\n.TP\n")[1:]:
+        head, _, body = e.partition("\n")
+        for verb in re.findall(r"[a-z]+", head.split(None, 1)[1]):
+            paras[verb] = re.sub(r"\\f[BIRP]", "", body).replace("\\-", "-")
+    return paras
+
+
 def test_the_man_page_matches_every_verbs_help():
-    """kcache(1) shows each verb's synopsis as kcache VERB --help does, and documents each of its options."""
+    """kcache(1) shows each verb's synopsis as kcache VERB --help does, and documents each of its options in
+    that verb's own paragraph (not merely somewhere in the page: stats -o was found in set's "-o")."""
     page = open(os.path.join(ROOT, "man", "kcache.1")).read()
+    paras = verb_paragraphs(page)
+    assert set(VERBS) <= set(paras), set(VERBS) - set(paras)
     synopsis = page.split(".SH SYNOPSIS")[1].split(".SH ")[0]
     forms = set()
     for form in re.split(r"^\.br$", synopsis, flags=re.M):  # one form a line, as roff sets it
@@ -209,10 +224,40 @@ def test_the_man_page_matches_every_verbs_help():
             form = " ".join(line.replace("usage:", "").split())
             assert form.lower() in forms, (form, forms)
         for opt in set(re.findall(r"(?<![\w-])(--[a-z][a-z-]*|-[a-zA-Z])\b", h)) - {"-h", "--help"}:
-            assert opt in documented, (verb, opt)
+            assert re.search(rf"(?<![\w-]){re.escape(opt)}\b", paras[verb]), (verb, opt, paras[verb])
     top = subprocess.run([kcache_bin(), "--help"], capture_output=True, text=True, check=True).stdout
     assert " ".join(top.splitlines()[0].replace("usage:", "").split()).lower() in forms
     assert "-V, --version" in top and "-V" in documented and "--version" in documented
     assert "0 ok, 1 the operation failed, 2 bad usage" in top
     status = page.split(".SH EXIT STATUS")[1].split(".SH ")[0]
     assert re.findall(r"^\.B (\d)$", status, re.M) == ["0", "1", "2"] and "Bad usage" in status
+
+
+def test_the_readme_shows_every_verb_as_its_help_does_and_its_settings_example_runs(kfs, tmp_path):
+    """README.md's operations section: its summary of kcache has each verb of kcache --help, in the form of
+    the verb's usage line where it gives one; the example of "Changing settings of a running mount" (kcache
+    set, then kcache config) runs as written against a mount at ~/.cache/kcachefs/mnt and does what it says."""
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    ops = readme.split("## Inspecting and managing a cache")[1].split("\n## ")[0]
+    summary = ops.split("```\n")[1]
+    said = {line.split()[1]: " ".join(line.split()) for line in summary.splitlines() if line.startswith("kcache ")}
+    for verb in VERBS:
+        said_verb = said.get(verb) or next((v for k, v in said.items() if f"kcache {verb} " in v), None)
+        assert said_verb, f"README's summary lacks kcache {verb}"
+        usage = subprocess.run([kcache_bin(), verb, "--help"], capture_output=True, text=True, check=True).stdout
+        form = " ".join(usage.splitlines()[0].replace("usage:", "").split())
+        if verb not in ("evict", "pin", "unpin"):  # those two lines sum several forms up
+            assert said_verb.startswith(form), (said_verb, form)
+    # The textfile collector: Debian's directory (not upstream's), written whole with -o (never with >).
+    assert "kcache stats --prometheus -o /var/lib/prometheus/node-exporter/kcachefs.prom" in ops
+    assert not re.search(r"--prometheus[^\n`]*>", readme) and "/var/lib/node_exporter" not in readme
+    example = ops.split("### Changing settings of a running mount")[1].split("```sh\n")[1].split("```")[0]
+    assert "kcache set" in example and "kcache config" in example
+    m = kfs({"max_size": "8M"})
+    home = tmp_path / "home"
+    (home / ".cache" / "kcachefs").mkdir(parents=True)
+    os.symlink(m.mnt, home / ".cache" / "kcachefs" / "mnt")
+    env = dict(os.environ, HOME=str(home), PATH=os.path.dirname(os.path.abspath(kcache_bin())) + ":" + os.environ["PATH"])
+    p = subprocess.run(["bash", "-ec", example], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "max_size 21474836480 (was 8388608)" in p.stdout and "20.0 GiB" in p.stdout, p.stdout

@@ -179,3 +179,57 @@ def test_meson_install_puts_everything_in_place(workdir):
         assert any(f.endswith(lib) for f in found), lib
     for pc in ("kcache.pc", "kcache-opencl.pc", "kcache-level-zero.pc"):
         assert any(f.endswith("pkgconfig/" + pc) for f in found), pc
+
+
+@needs_root
+def test_the_unit_brings_a_crashed_daemon_back_with_the_backing_its_settings_name(workdir):
+    """Restart=on-failure, as systemd runs it: the daemon dies (SIGKILL: the kernel keeps a dead mount,
+    "Transport endpoint is not connected"), systemd runs ExecStop (always, once a start succeeded), then
+    ExecStartPre and ExecStart again. The new daemon serves the same backing directory, which the settings
+    file names, with what was stored before the crash."""
+    d, cleanup = workdir
+    unit = open(os.path.join(CONTRIB, "systemd", "kcachefs@.service.in")).read()
+    keys = dict(re.findall(r"^(Exec\w+)=(.*)$", unit, re.M))
+    env = dict(re.findall(r"^Environment=(\w+)=(.*)$", unit, re.M))
+    assert re.search(r"^Restart=on-failure$", unit, re.M)
+    mnt, backing = os.path.join(d, "crash-mnt"), os.path.join(d, "crash", "backing")
+    env["KCACHEFS_CONF"] = os.path.join(d, "crash.conf")
+    with open(env["KCACHEFS_CONF"], "w") as f:
+        f.write(f"backing = {backing}\nmax_size = 3G\n")
+    cleanup.insert(0, mnt)
+    sock_path = os.path.join(d, "crash-notify.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(sock_path)
+    sock.settimeout(30)
+    start = systemd_expand(keys["ExecStart"].replace("@SBINDIR@/kcachefs", kcachefs_bin()), env, mnt)
+    procs = []
+    try:
+        for run in range(2):
+            subprocess.run(systemd_expand(keys["ExecStartPre"], env, mnt), check=True, capture_output=True,
+                           timeout=60)
+            procs.append(subprocess.Popen(start, stderr=subprocess.PIPE, text=True,
+                                          env=dict(os.environ, NOTIFY_SOCKET=sock_path)))
+            assert sock.recv(256) == b"READY=1", run
+            assert os.path.ismount(mnt) and size_of(mnt) == 3 << 30
+            with open("/proc/self/mountinfo") as f:
+                assert any(l.split()[4] == mnt and l.split(" - ")[1].split()[1] == backing for l in f)
+            if run == 0:
+                with open(os.path.join(mnt, "before-the-crash"), "w") as f:
+                    f.write("kept")
+                procs[0].kill()
+                procs[0].communicate(timeout=60)
+                # ExecStop after the main process died ($MAINPID unset): the dead mount must go.
+                p = subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), capture_output=True, text=True,
+                                   timeout=60)
+                assert p.returncode == 0, p.stderr
+        assert open(os.path.join(mnt, "before-the-crash")).read() == "kept"
+        subprocess.run(systemd_expand(keys["ExecStop"], env, mnt), check=True, timeout=60)
+        assert sock.recv(256) == b"STOPPING=1"
+        _, err = procs[1].communicate(timeout=60)
+        assert procs[1].returncode == 0, err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        sock.close()
+    assert not os.path.ismount(mnt)

@@ -5,7 +5,6 @@ and again at SIGHUP, which no longer unmounts, and a rerun of ./quickstart with 
 running mount's limit."""
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -285,24 +284,54 @@ def test_quickstart_rerun_with_a_new_size_changes_the_running_limit():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_the_settings_file_names_the_trusted_publishers_too(kfs, workdir):
-    """Every -o option has its key in the file and in kcache config, the shared tier's trust settings too."""
+def test_shrinking_says_its_progress_until_within_the_new_limit(kfs):
+    """The files are all used within grace_ms when the limit drops, so eviction must wait for them: kcache
+    set says where used_bytes stands as it goes down ("evicting down to"), then that it is within the
+    limit, and the background eviction gets there once the grace has passed, with no write to start it."""
+    m = kfs({"max_size": "16M", "grace_ms": "3000"})  # longer than the fill takes, under ASan too
+    fill(m, "young", 40, 256 * K)  # 10 MiB, every file used just now
+    p = kcache("set", m.mnt, "max_size=4M", "--wait", "30s")
+    progress = [l for l in p.stderr.splitlines() if l.startswith("kcache: evicting down to 4.0 MiB: ")]
+    assert progress, p.stderr
+    assert p.stderr.splitlines()[-1].endswith("within the new limit of 4.0 MiB"), p.stderr
+    m.assert_within(4 * M)
+
+
+def test_every_option_of_kcachefs_help_is_a_setting_of_the_file_and_of_config(kfs, workdir):
+    """kcachefs(8): the settings file takes every -o option by its name, and kcache config shows every
+    setting of the running mount. A settings file that gives each of kcachefs --help's options (but
+    config= itself) mounts, and kcache config --json shows each; a new option must be added here."""
+    import re
     d = workdir[0]
-    conf = settings_file(d, f"remote = unix:{d}/nobody.sock\nremote_publish = ci\nremote_publisher = 0\n"
-                            "remote_trusted = ci:admins\n")
-    m = kfs({"config": conf})
+    auth = os.path.join(private_dir(d), "redis.auth")
+    with open(auth, "w") as f:
+        f.write("pw\n")
+    os.chmod(auth, 0o600)
+    values = {"max_size": ("7M", 7 * M), "low_watermark": ("80", 80), "pin": ("a*:b", "a*:b"),
+              "protect": ("writers", "writers"), "layout": ("auto", "auto"), "tmp_age": ("2h", 7200),
+              "stale_locks": ("yes", 1), "grace_ms": ("150", 150), "inode_fds": ("64", 64),
+              "index": (None, None), "timeout": ("5", 5), "flush_ms": ("100", 100), "log": (None, None),
+              "rebuild": ("yes", None), "tighten": ("no", None), "nopassthrough": ("yes", 1), "nouring": ("yes", 1),
+              "nolog": ("no", 0), "remote": ("redis://127.0.0.1:1", "redis://127.0.0.1:1"),
+              "remote_auth": (auth, auth), "remote_timeout_ms": ("7", 7), "remote_negative_s": ("9", 9),
+              "remote_touch_s": ("2", 2), "herd_wait": ("1", 1), "remote_publish": ("ci", "ci"),
+              "remote_publisher": ("root", "root"), "remote_trusted": ("ci:tools", "ci:tools")}
+    helped = set(re.findall(r"^\s+-o ([a-z_]+)", subprocess.run([kcachefs_bin(), "--help"], capture_output=True,
+                                                                 text=True).stdout.split("FUSE options:")[0], re.M))
+    assert helped - {"config"} == set(values), (helped - {"config"}) ^ set(values)
+    m = kfs(start=False)
+    idx = os.path.join(private_dir(d), "idx")
+    os.makedirs(idx)
+    values["index"] = (os.path.join(idx, "index.db"), os.path.join(idx, "index.db"))
+    values["log"] = (os.path.join(d, "file-given.log"), os.path.join(d, "file-given.log"))
+    conf = settings_file(d, "".join(f"{k} = {v}\n" for k, (v, _) in values.items()))
+    m.opts = {"config": conf}
+    p = m.start(check=False)
+    assert p.returncode == 0, p.stderr
+    m.index = values["index"][0]  # where the file put it, for stop() to find the daemon's lock
+    wait_for(lambda: os.path.ismount(m.mnt), what="mount")
     c = config(m)
-    assert (c["remote_publish"], str(c["remote_publisher"]), c["remote_trusted"]) == ("ci", "0", "ci:admins"), c
-
-
-def test_every_option_of_the_help_is_shown_by_kcache_config(kfs):
-    """kcache config shows every kcachefs option that --help lists (the FUSE ones and config aside), so an
-    option added later cannot be forgotten by the settings (fs/settings.c)."""
-    helptext = subprocess.run([kcachefs_bin(), "--help"], capture_output=True, text=True, timeout=30)
-    opts = set(re.findall(r"^ +-o ([a-z_]+)", helptext.stdout + helptext.stderr, re.M))
-    fuse_opts = {"clone_fd", "max_idle_threads", "max_threads", "allow_other", "allow_root", "auto_unmount"}
-    assert "max_size" in opts and "remote_trusted" in opts, opts
-    # flags of the mount's start only, not settings a running mount has
-    start_only = {"rebuild", "tighten"}
-    shown = set(config(kfs({})))
-    assert sorted(opts - fuse_opts - start_only - shown) == []
+    for k, (_, want) in values.items():
+        assert k in c, f"kcache config lacks {k}"
+        if want is not None:
+            assert c[k] == want, (k, c[k], want)

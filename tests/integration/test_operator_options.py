@@ -3,6 +3,7 @@ the option, the value and the range (nothing made, nothing mounted); sizes and d
 common/parse.c reads them; every layout value documented; the mount's source is the backing directory and
 its type fuse.kcachefs, so that df and findmnt tell two caches apart and `mount -a` twice mounts once;
 every mount nosuid,nodev; and a detached daemon's messages reach a file where there is no syslog."""
+import json
 import os
 import re
 import subprocess
@@ -56,6 +57,16 @@ def mountinfo(mnt):
     ("tmp_age=0", "from 1s to 30d"),
     ("tmp_age=nan", "from 1s to 30d"),
     ("low_watermark=-5", "from 1 to 100"),
+    # the shared tier's numbers: fuse_opt's sscanf took "-1" and "nan" for "not given" and "5x" for 5
+    ("remote_timeout_ms=-1", "from 1 to 60000"),
+    ("remote_timeout_ms=5x", "from 1 to 60000"),
+    ("remote_timeout_ms=0", "from 1 to 60000"),
+    ("remote_negative_s=-1", "from 0 to 1d"),
+    ("remote_negative_s=nan", "from 0 to 1d"),
+    ("remote_touch_s=0", "from 0.1s to 1d"),
+    ("remote_touch_s=5x", "from 0.1s to 1d"),
+    ("herd_wait=nan", "from 0 to 1h"),
+    ("herd_wait=2h", "from 0 to 1h"),
 ])
 def test_a_number_out_of_range_is_refused_in_one_line_naming_it(dirs, opt, allowed):
     d, b, m = dirs
@@ -80,6 +91,53 @@ def test_sizes_and_durations_read_as_kcache_reads_them(dirs, opts, size):
     s = os.statvfs(m)
     assert s.f_blocks * s.f_frsize == size
     subprocess.run(["fusermount3", "-u", m], check=True)
+
+
+@pytest.mark.parametrize("opts,key,value", [("remote_negative_s=2m", "remote_negative_s", 120),
+                                             ("remote_touch_s=1.5", "remote_touch_s", 1.5),
+                                             ("herd_wait=1m", "herd_wait", 60), ("remote_timeout_ms=250", "remote_timeout_ms", 250)])
+def test_the_shared_tiers_numbers_read_as_the_others(dirs, opts, key, value):
+    """Durations as common/parse.c reads them (2m is 120 s, not 2): kcache config shows what the mount took."""
+    d, b, m = dirs
+    p = run("-o", f"remote=redis://127.0.0.1:1,{opts}", b, m)  # no server: lookups miss, the mount serves
+    assert p.returncode == 0, p.stderr
+    try:
+        wait_for(lambda: os.path.ismount(m), what="mount")
+        kc = os.path.join(ROOT, os.environ.get("KCACHE_BUILD", "build"), "kcache")
+        c = json.loads(subprocess.run([kc, "config", "--json", m], capture_output=True, text=True, check=True).stdout)
+        assert c[key] == value, c
+    finally:
+        subprocess.run(["fusermount3", "-u", m])
+
+
+def help_and_page_entries():
+    """{option: text} of kcachefs --help's own options and of kcachefs(8)'s OPTIONS, roff taken out."""
+    ours = run("--help").stdout.split("kcachefs options:")[1].split("FUSE options:")[0]
+    helped = {m.group(1): " ".join(m.group(2).split())
+              for m in re.finditer(r"^\s+-o ([a-z_]+)(.*?)(?=^\s+-o [a-z_]+|^\S|\Z)", ours, re.M | re.S)}
+    page = open(os.path.join(ROOT, "man", "kcachefs.8")).read().split(".SH OPTIONS")[1].split(".SH ")[0]
+    entries = {}
+    for e in page.split(".TP\n")[1:]:
+        head, _, body = e.partition("\n")
+        text = re.sub(r"\\f[BIRP]|\\\(..", "", body).replace("\\-", "-").replace("\\", "")
+        entries[re.match(r"\.(?:BI|BR|B) ([a-z_]+)", head).group(1)] = " ".join(text.split())
+    return helped, entries
+
+
+def test_every_options_range_and_default_in_help_are_the_pages():
+    helped, entries = help_and_page_entries()
+    assert len(helped) > 25 and set(helped) <= set(entries), set(helped) - set(entries)
+    ranged = 0
+    for name, text in helped.items():
+        for lo, hi in re.findall(r"(-?[\d.]+[A-Za-z]*) to ([\d.]+[A-Za-z]*)", text):
+            assert re.search(rf"(?<![\w.]){re.escape(lo)} to {re.escape(hi)}\b", entries[name]), \
+                f"{name}: --help says {lo} to {hi}, kcachefs(8) says: {entries[name]}"
+            ranged += 1
+        d = re.search(r"default(?:, and at most,)? ([^;,:)]+?)(?=[;,:)]|\. | \(|$)", text)
+        if d:
+            assert d.group(1).lower() in entries[name].lower(), \
+                f"{name}: --help's default {d.group(1)!r}, kcachefs(8) says: {entries[name]}"
+    assert ranged >= 10, ranged
 
 
 def test_every_layout_value_is_documented():
@@ -253,6 +311,34 @@ def test_log_appends_to_the_file_given(dirs):
     assert not os.path.exists(os.path.join(b, ".kcachefs", "kcachefs.log"))
     subprocess.run(["fusermount3", "-u", m], check=True)
     log_lines(log, "unmounted")
+
+
+@needs_root
+def test_a_warning_of_the_running_daemon_reaches_its_log_once_with_its_priority(dirs):
+    """A pin on a backing filesystem without user extended attributes (ramfs) is kept in the index only,
+    and the detached daemon says so: through kfs_log at warning, not through stderr's pipe, which took it
+    for an unknown line and logged 'warning: warning: ...'."""
+    d, b, m = dirs
+    subprocess.run(["mount", "-t", "ramfs", "-o", "mode=0755", "ramfs", b], check=True)
+    dirs_cleanup = b
+    log = os.path.join(d, "daemon.log")
+    try:
+        p = run("-o", f"log={log}", b, m)
+        assert p.returncode == 0, p.stderr
+        wait_for(lambda: os.path.ismount(m), what="mount")
+        for n in ("one", "two"):
+            with open(os.path.join(m, n), "w") as f:
+                f.write(n)
+            kc = os.path.join(ROOT, os.environ.get("KCACHE_BUILD", "build"), "kcache")
+            subprocess.run([kc, "pin", os.path.join(m, n)], check=True, capture_output=True, timeout=60)
+        lines = log_lines(log, "no user extended attributes")
+        said = [(prio, msg) for _, prio, msg in lines if "no user extended attributes" in msg]
+        assert said == [("warning", f"{b} has no user extended attributes: pins are kept in the index only, and "
+                                    "a rebuild of a lost or corrupt index forgets them")], lines
+    finally:
+        subprocess.run(["fusermount3", "-u", m], capture_output=True)
+        wait_for(lambda: not os.path.ismount(m), what="unmount")
+        subprocess.run(["umount", "-l", dirs_cleanup], capture_output=True)
 
 
 @pytest.mark.parametrize("where", ["backing", "mount", "missing"])

@@ -75,6 +75,31 @@ def test_kcache_json_is_strict_utf8_and_gives_every_path_back(odd_mount):
     assert b"matches" in p.stdout, p
 
 
+def test_json_gives_back_file_names_and_settings_paths_whatever_they_hold(odd_mount):
+    """A file named with a quote, a backslash, a newline and a byte that is not UTF-8, in a directory so
+    named: ls --json gives both names back byte for byte; config --json the settings' paths (its
+    mount, backing directory and index under the odd directory)."""
+    m = odd_mount
+    os.makedirs(m.path(ODD))
+    with open(os.path.join(m.path(ODD), ODD), "wb") as f:
+        f.write(b"n" * 3000)
+    out = kcache("ls", "--json", m.mnt).stdout
+    rows = json.loads(out.decode("utf-8"))  # strict UTF-8 (kcache(1), NAMES)
+    assert out.count(b"\n") == len(rows) + 2  # "[", a line a file, "]": the name's newline is escaped
+    assert sorted(os.fsencode(r["path"]) for r in rows) == sorted([b"a", b"b", os.fsencode(ODD + "/" + ODD)])
+    out = kcache("config", "--json", m.mnt).stdout
+    c = json.loads(out.decode("utf-8"))
+    assert out.count(b"\n") == 1
+    assert (c["mountpoint"], c["backing"], c["index"]) == (m.mnt, m.backing, m.index_path), c
+    assert c["max_size"] == 4 << 20
+    # Plain: one line a setting, the paths quoted as for a shell (kcache(1), NAMES), no control character.
+    plain = kcache("config", m.mnt).stdout
+    assert not re.search(rb"[\x00-\x09\x0b-\x1f\x7f]", plain), plain
+    keys = [line.split(b" ", 1)[0].decode() for line in plain.splitlines()]
+    assert sorted(keys) == sorted(set(c) - {"mount"}), keys
+    assert b"$'\\n'" in plain and b"$'\\377'" in plain, plain
+
+
 PROM_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*$")
 PROM_SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$')
 PROM_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:\\[\\"n]|[^"\\\n])*)"(,|$)')
@@ -146,7 +171,7 @@ def test_promtool_check_metrics_is_clean(odd_mount):
 
 
 @pytest.mark.parametrize("args", [["stats", "--prometheus"], ["stats", "--json"], ["stats"], ["ls", "--json"],
-                                  ["ls"]])
+                                  ["ls"], ["config", "--json"], ["config"]])
 def test_a_failed_write_is_an_error(odd_mount, args):
     with open("/dev/full", "wb") as full:
         p = subprocess.run([kcache_bin(), *args, odd_mount.mnt], stdout=full, stderr=subprocess.PIPE, timeout=60)
