@@ -278,6 +278,19 @@ def test_quickstart_rerun_with_a_new_size_changes_the_running_limit():
             assert open(os.path.join(backing, ".kcachefs", "index.db.lock")).read().split()[0] == pid
         assert int(os.getxattr(mnt, "user.kcachefs.used_bytes")) <= 4 * M
         assert backing_bytes(backing) <= 4 * M
+        # the settings file the quick start keeps (the unit's and fstab's format) holds the new size: the
+        # next mount, with no KCACHEFS_OPTIONS at all, comes back with it, from that file
+        conf = os.path.join(tmp, "private", "backing.conf")
+        text = open(conf).read()
+        assert "max_size = 4M" in text and "grace_ms = 0" in text and f"backing = {backing}" in text, text
+        assert os.stat(conf).st_mode & 0o077 == 0
+        subprocess.run(["fusermount3", "-u", mnt], check=True, timeout=60)
+        del env["KCACHEFS_OPTIONS"]
+        third = subprocess.run(qs, env=env, capture_output=True, text=True, timeout=800)
+        assert third.returncode == 0, third.stdout + third.stderr
+        assert int(os.getxattr(mnt, "user.kcachefs.max_bytes")) == 4 * M
+        assert f"Its settings: {conf}" in third.stdout, third.stdout
+        assert json.loads(kcache("config", "--json", mnt).stdout)["config"] == conf
     finally:
         if os.path.ismount(mnt):
             subprocess.run(["fusermount3", "-u", mnt])
