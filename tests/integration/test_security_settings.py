@@ -121,3 +121,30 @@ def test_sighup_refuses_a_settings_file_another_user_can_change(kfs, workdir, ho
     root_file(conf, "max_size = 16M\n")
     os.kill(pid, signal.SIGHUP)
     wait_for(lambda: config(m)["max_size"] == 16 * M, what="the fixed file re-read")
+
+
+@pytest.mark.parametrize("how", ["file of alice", "directory of alice"])
+def test_the_units_prepare_step_refuses_a_settings_file_another_user_can_change(workdir, how):
+    """The systemd unit's ExecStartPre reads the file as root before kcachefs does (its backing = line names
+    the directories it makes): a file alice can change must not make root create what she chooses."""
+    import re
+    from test_contrib import CONTRIB, systemd_expand
+    d = workdir[0]
+    alice = ensure_user("kcfs-alice")
+    unit = open(os.path.join(CONTRIB, "systemd", "kcachefs@.service.in")).read()
+    pre = dict(re.findall(r"^(Exec\w+)=(.*)$", unit, re.M))["ExecStartPre"]
+    sub = os.path.join(d, "etc")
+    os.mkdir(sub, 0o755)
+    conf = root_file(os.path.join(sub, "inst.conf"), "max_size = 10G\n")
+    if how == "file of alice":
+        os.chown(conf, alice.pw_uid, alice.pw_gid)
+        assert as_user(alice, "open(sys.argv[1], 'a').write('backing = ' + sys.argv[2] + '\\n')", conf,
+                       os.path.join(d, "hers", "made", "by-root")) == 0
+    else:
+        os.chown(sub, alice.pw_uid, alice.pw_gid)
+        assert as_user(alice, ALICE_REPLACES.replace("max_size = 48M", "backing = " + os.path.join(
+            d, "hers", "made", "by-root")), conf) == 0
+    p = subprocess.run(systemd_expand(pre, {"KCACHEFS_CONF": conf}, os.path.join(d, "unit-mnt")),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "a user other than root may change it: refused" in p.stderr, p.stderr
+    assert not os.path.exists(os.path.join(d, "hers")), "root made the directories alice named"
