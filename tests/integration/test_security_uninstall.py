@@ -102,3 +102,31 @@ def test_root_uninstall_removes_no_directory_where_a_users_symlink_leads(workdir
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert os.path.isdir(os.path.join(target, "mnt")), "root's uninstall removed a directory of root's: " + p.stdout
+
+
+@pytest.mark.parametrize("how", ["dotdot", "symlink"])
+def test_root_uninstall_of_a_users_prefix_removes_only_what_that_user_could(workdir, how):
+    """PREFIX is alice's (she installed there herself): the records under it are hers to write. Root's
+    uninstall must not remove, as root, what she names in them (a path with .., or through a symlink
+    that she put in her prefix): it runs with her rights."""
+    d = workdir[0]
+    alice = ensure_user("kcfs-alice")
+    victim = os.path.join(d, "roots")
+    os.mkdir(victim)
+    with open(os.path.join(victim, "precious"), "w") as f:
+        f.write("root's\n")
+    prefix = os.path.join(d, "prefix")
+    os.mkdir(prefix)
+    os.chown(prefix, alice.pw_uid, alice.pw_gid)
+    line = os.path.join(prefix, "..", "roots", "precious") if how == "dotdot" else \
+        os.path.join(prefix, "lib", "precious")
+    code = ("os.makedirs(os.path.join(sys.argv[1], 'share', 'kcachefs'))\n"
+            "with open(os.path.join(sys.argv[1], 'share', 'kcachefs', 'installed-files'), 'w') as f:\n"
+            "    f.write(sys.argv[2] + '\\n')\n"
+            "if sys.argv[3] == 'symlink':\n"
+            "    os.symlink(sys.argv[4], os.path.join(sys.argv[1], 'lib'))\n")
+    assert as_user(alice, code, prefix, line, how, victim) == 0
+    p = subprocess.run([os.path.join(ROOT, "quickstart"), "--uninstall"], env=dict(os.environ, PREFIX=prefix),
+                       capture_output=True, text=True, timeout=120)
+    assert os.path.exists(os.path.join(victim, "precious")), "root's uninstall removed root's file: " + p.stdout
+    assert f"with the rights of uid {alice.pw_uid}" in p.stdout + p.stderr, p.stdout + p.stderr
