@@ -583,7 +583,11 @@ static void detached_ready(int fd, bool logging)
 
 /* -o log=FILE: its directory must exist, and it must lie outside the backing directory (where the cache
  * would count it) and the mount point. Opened before anything is made, so that a mistake is said on the
- * terminal. *RET_FD: the file, appended to. */
+ * terminal. *RET_FD: the file, appended to.
+ * The directory may be one others write into (a sticky /tmp), where another user may have made the name
+ * first: the daemon, often root, never follows a symlink there (O_NOFOLLOW), never blocks on a FIFO
+ * (O_NONBLOCK), and appends only to a file of its own user or root with no other name (a file of hers
+ * she would read and forge; a hard link, a file of root's elsewhere), whatever fs.protected_* say. */
 static int open_log_file(struct kfs_opts *o, int *ret_fd)
 {
         char *copy = strdup(o->log_path), *slash = copy ? strrchr(copy, '/') : NULL, *rdir = NULL;
@@ -595,14 +599,23 @@ static int open_log_file(struct kfs_opts *o, int *ret_fd)
                 r = fail("the log '%s' is inside the %s", o->log_path,
                          path_within(rdir, o->mountpoint) ? "mount point" : "backing directory, where the cache would count it");
         if (r == 0) {
-                int fd = open(o->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+                int fd = open(o->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK,
+                              0640);
                 struct stat st;
                 if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
                         int e = fd < 0 ? errno : EINVAL;
                         if (fd >= 0)
                                 close(fd);
-                        r = fail("cannot write the log '%s': %s", o->log_path, e == EINVAL ? "not a regular file" : strerror(e));
+                        r = fail("cannot write the log '%s': %s", o->log_path,
+                                 e == EINVAL || e == ENXIO ? "not a regular file"
+                                 : e == ELOOP ? "it is a symbolic link (name the file itself)" : strerror(e));
+                } else if ((st.st_uid != geteuid() && st.st_uid != 0) || st.st_nlink != 1) {
+                        close(fd);
+                        r = fail("the log '%s' %s: another user may have made it; remove it, or put the log in a "
+                                 "directory that only root writes", o->log_path,
+                                 st.st_nlink != 1 ? "has other names (hard links)" : "belongs to another user");
                 } else {
+                        (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
                         *ret_fd = fd;
                 }
         }
