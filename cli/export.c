@@ -11,6 +11,8 @@
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -166,36 +168,120 @@ int kc_stats_prometheus(FILE *out, const char *mount, struct json_object *stats,
 
 /* ---- where it goes ---- */
 
+/* OTHER USERS (export.h): the way to directory d, checked. 0, or -EACCES (-errno) once said on stderr. */
+static int kc_out_way(const char *path, const char *d, char **ret_real)
+{
+        char abs[PATH_MAX], p[PATH_MAX];
+        uid_t me = geteuid();
+        struct stat st;
+        if (d[0] == '/')
+                snprintf(abs, sizeof(abs), "%s", d);
+        else if (!getcwd(abs, sizeof(abs)) || strlen(abs) + strlen(d) + 2 > sizeof(abs))
+                return kc_fail("%s: cannot write: %s", path, strerror(ENAMETOOLONG)), -ENAMETOOLONG;
+        else
+                snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", d);
+        /* the way as given: each component (lstat of each prefix; the earlier links followed, as open does) */
+        for (size_t e = 1, n = strlen(abs); e <= n; e++) {
+                if (e < n && abs[e] != '/')
+                        continue;
+                snprintf(p, sizeof(p), "%.*s", (int)e, abs);
+                if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != 0 && st.st_uid != me)
+                        return kc_fail("%s: cannot write: '%s' is a symbolic link of uid %u, who chooses where it "
+                                       "leads: name the directory itself", path, p, (unsigned)st.st_uid), -EACCES;
+        }
+        char *real = realpath(d, NULL);
+        if (!real) {
+                int e = errno;
+                kc_fail("%s: cannot write: %s", path, strerror(e));
+                return -e;
+        }
+        /* above the directory as resolved: only root or the caller can move what lies below */
+        for (size_t e = 0, n = strlen(real); e < n; e++) {
+                if (real[e] != '/')
+                        continue;
+                snprintf(p, sizeof(p), "%.*s", e ? (int)e : 1, real);
+                if (lstat(p, &st) < 0)
+                        continue; /* said by the open below */
+                unsigned mode = (unsigned)st.st_mode & 07777;
+                if ((st.st_uid != 0 && st.st_uid != me) || ((mode & 022) && !(mode & S_ISVTX))) {
+                        kc_fail("%s: cannot write: '%s' %s, who could move the directory '%s' below it: write "
+                                "where only root (or you) can change the way", path, p,
+                                st.st_uid != 0 && st.st_uid != me ? "belongs to another user" : "is writable by others",
+                                real);
+                        if (st.st_uid != 0 && st.st_uid != me)
+                                fprintf(stderr, "kcache: ('%s' belongs to uid %u, mode %04o)\n", p, (unsigned)st.st_uid,
+                                        mode);
+                        free(real);
+                        return -EACCES;
+                }
+        }
+        *ret_real = real;
+        return 0;
+}
+
 int kc_out_open(struct kc_out *o, const char *path)
 {
-        *o = (struct kc_out){ .f = stdout };
+        *o = (struct kc_out){ .f = stdout, .dir.root = -1 };
         if (!path)
                 return 0;
-        char *d = strdup(path), *b = strdup(path);
-        int r = 0;
-        if (!d || !b || !(o->path = strdup(path)) || asprintf(&o->tmp, "%s/.%s.XXXXXX", dirname(d), basename(b)) < 0) {
+        char *d = strdup(path), *b = strdup(path), *real = NULL;
+        int r = 0, fd = -1;
+        if (!d || !b || !(o->path = strdup(path)) || !(o->base = strdup(basename(b))) ||
+            asprintf(&o->tmp, ".%s.XXXXXX", o->base) < 0) {
                 o->tmp = NULL;
                 r = -ENOMEM;
         }
+        const char *dir = r == 0 ? dirname(d) : NULL;
+        if (r == 0 && !ktree_name_ok(o->base))
+                r = -EISDIR;
+        if (r == 0 && (r = kc_out_way(path, dir, &real)) < 0) {
+                free(d);
+                free(b);
+                free(o->tmp);
+                free(o->path);
+                free(o->base);
+                *o = (struct kc_out){ 0 };
+                return r;
+        }
+        if (r == 0)
+                r = ktree_init(&o->dir, real);
+        free(real);
         free(d);
         free(b);
-        int fd = r == 0 ? mkostemp(o->tmp, O_CLOEXEC) : -1;
+        /* a new name beside path, never one that exists (O_EXCL), resolved beneath the directory held */
+        size_t tl = o->tmp ? strlen(o->tmp) : 0;
+        for (unsigned tries = 0; r == 0 && fd < 0 && tries < 100; tries++) {
+                static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+                unsigned char rnd[6];
+                if (getentropy(rnd, sizeof(rnd)) < 0) {
+                        r = -errno;
+                        break;
+                }
+                for (size_t i = 0; i < 6; i++)
+                        o->tmp[tl - 6 + i] = abc[rnd[i] % (sizeof(abc) - 1)];
+                fd = ktree_open(&o->dir, KTREE_ROOT, o->tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+                if (fd < 0 && fd != -EEXIST)
+                        r = fd;
+        }
         if (r == 0 && fd < 0)
-                r = -errno;
+                r = -EEXIST;
         if (r == 0) {
                 mode_t mask = umask(0);
                 umask(mask);
-                if (fchmod(fd, 0666 & ~mask) < 0 || !(o->f = fdopen(fd, "w")))
+                if (fstat(fd, &o->tmp_st) < 0 || fchmod(fd, 0666 & ~mask) < 0 || !(o->f = fdopen(fd, "w")))
                         r = -errno;
         }
         if (r < 0) {
                 kc_fail("%s: cannot write: %s", path, strerror(-r));
                 if (fd >= 0) {
                         close(fd);
-                        unlink(o->tmp);
+                        (void)ktree_unlink(&o->dir, KTREE_ROOT, o->tmp, &o->tmp_st, 0);
                 }
+                if (o->dir.root >= 0)
+                        ktree_close(&o->dir);
                 free(o->tmp);
                 free(o->path);
+                free(o->base);
                 *o = (struct kc_out){ 0 };
         }
         return r;
@@ -215,14 +301,16 @@ int kc_out_close(struct kc_out *o, bool ok)
                 r = -errno;
         if (fclose(o->f) != 0 && r == 0)
                 r = -errno;
-        if (r == 0 && ok && rename(o->tmp, o->path) < 0)
-                r = -errno;
+        if (r == 0 && ok)
+                r = ktree_rename(&o->dir, KTREE_ROOT, o->tmp, KTREE_ROOT, o->base, 0);
         if (r < 0 || !ok)
-                unlink(o->tmp);
+                (void)ktree_unlink(&o->dir, KTREE_ROOT, o->tmp, &o->tmp_st, 0); /* only the file made */
         if (r < 0)
                 kc_fail("%s: cannot write: %s", o->path, strerror(-r));
+        ktree_close(&o->dir);
         free(o->tmp);
         free(o->path);
+        free(o->base);
         *o = (struct kc_out){ 0 };
         return r;
 }
