@@ -203,17 +203,17 @@ static int kc_out_way(const char *path, const char *d, char **ret_real)
                 if (lstat(p, &st) < 0)
                         continue; /* said by the open below */
                 unsigned mode = (unsigned)st.st_mode & 07777;
-                if ((st.st_uid != 0 && st.st_uid != me) || ((mode & 022) && !(mode & S_ISVTX))) {
-                        kc_fail("%s: cannot write: '%s' %s, who could move the directory '%s' below it: write "
-                                "where only root (or you) can change the way", path, p,
-                                st.st_uid != 0 && st.st_uid != me ? "belongs to another user" : "is writable by others",
-                                real);
-                        if (st.st_uid != 0 && st.st_uid != me)
-                                fprintf(stderr, "kcache: ('%s' belongs to uid %u, mode %04o)\n", p, (unsigned)st.st_uid,
-                                        mode);
-                        free(real);
-                        return -EACCES;
-                }
+                char who[64];
+                if (st.st_uid != 0 && st.st_uid != me)
+                        snprintf(who, sizeof(who), "belongs to uid %u", (unsigned)st.st_uid);
+                else if ((mode & 022) && !(mode & S_ISVTX))
+                        snprintf(who, sizeof(who), "is writable by others (mode %04o)", mode);
+                else
+                        continue;
+                kc_fail("%s: cannot write: '%s' %s, who could move the directory '%s' below it: write where only "
+                        "root (or you) can change the way", path, p, who, real);
+                free(real);
+                return -EACCES;
         }
         *ret_real = real;
         return 0;

@@ -599,8 +599,8 @@ static int open_log_file(struct kfs_opts *o, int *ret_fd)
                 r = fail("the log '%s' is inside the %s", o->log_path,
                          path_within(rdir, o->mountpoint) ? "mount point" : "backing directory, where the cache would count it");
         if (r == 0) {
-                int fd = open(o->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK,
-                              0640);
+                int fd = open(o->log_path,
+                              O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK, 0640);
                 struct stat st;
                 if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
                         int e = fd < 0 ? errno : EINVAL;

@@ -8,10 +8,11 @@
  *   P2 Into the namespace of the uid that owns every member, and only then (TRUST): a unit with files of
  *      two owners is not published at all, nor one that anybody else could have arranged: the key is the
  *      path, so whoever may rename in a directory on the way (from the root down to each member's)
- *      chooses the key that the owner's bytes go under (another kernel's: way_closed). On a remote_publish=NAME mount, the publisher's units (those
- *      of the remote_publisher= account, a CI or admin account) go into "p:NAME" instead, and into no
- *      user's; its ACL user alone may write there, and a node's credentials are refused (NOPERM),
- *      which is a counted error, never the application's. Other users' units there go to their own.
+ *      chooses the key that the owner's bytes go under (another kernel's: way_closed). On a
+ *      remote_publish=NAME mount, the publisher's units (those of the remote_publisher= account, a CI or
+ *      admin account) go into "p:NAME" instead, and into no user's; its ACL user alone may write there,
+ *      and a node's credentials are refused (NOPERM), which is a counted error, never the application's.
+ *      Other users' units there go to their own.
  *   P3 The unit's key last-but-none: its markers ("M", "D") are stored only once the unit is, so a
  *      lookup that finds a marker finds the unit (unless the server evicted it since: a miss). */
 #include <errno.h>
