@@ -11,7 +11,7 @@ import shutil
 import pytest
 
 from conftest import ensure_user, wait_for
-from test_remote import acl_redis, auth_file, num  # noqa: F401
+from test_remote import acl_redis, auth_file  # noqa: F401
 from test_remote_trust import STORE, UNIT, keys, shared
 from test_security_multiuser import as_user
 
