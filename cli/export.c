@@ -168,63 +168,12 @@ int kc_stats_prometheus(FILE *out, const char *mount, struct json_object *stats,
 
 /* ---- where it goes ---- */
 
-/* OTHER USERS (export.h): the way to directory d, checked. 0, or -EACCES (-errno) once said on stderr. */
-static int kc_out_way(const char *path, const char *d, char **ret_real)
-{
-        char abs[PATH_MAX], p[PATH_MAX];
-        uid_t me = geteuid();
-        struct stat st;
-        if (d[0] == '/')
-                snprintf(abs, sizeof(abs), "%s", d);
-        else if (!getcwd(abs, sizeof(abs)) || strlen(abs) + strlen(d) + 2 > sizeof(abs))
-                return kc_fail("%s: cannot write: %s", path, strerror(ENAMETOOLONG)), -ENAMETOOLONG;
-        else
-                snprintf(abs + strlen(abs), sizeof(abs) - strlen(abs), "/%s", d);
-        /* the way as given: each component (lstat of each prefix; the earlier links followed, as open does) */
-        for (size_t e = 1, n = strlen(abs); e <= n; e++) {
-                if (e < n && abs[e] != '/')
-                        continue;
-                snprintf(p, sizeof(p), "%.*s", (int)e, abs);
-                if (lstat(p, &st) == 0 && S_ISLNK(st.st_mode) && st.st_uid != 0 && st.st_uid != me)
-                        return kc_fail("%s: cannot write: '%s' is a symbolic link of uid %u, who chooses where it "
-                                       "leads: name the directory itself", path, p, (unsigned)st.st_uid), -EACCES;
-        }
-        char *real = realpath(d, NULL);
-        if (!real) {
-                int e = errno;
-                kc_fail("%s: cannot write: %s", path, strerror(e));
-                return -e;
-        }
-        /* above the directory as resolved: only root or the caller can move what lies below */
-        for (size_t e = 0, n = strlen(real); e < n; e++) {
-                if (real[e] != '/')
-                        continue;
-                snprintf(p, sizeof(p), "%.*s", e ? (int)e : 1, real);
-                if (lstat(p, &st) < 0)
-                        continue; /* said by the open below */
-                unsigned mode = (unsigned)st.st_mode & 07777;
-                char who[64];
-                if (st.st_uid != 0 && st.st_uid != me)
-                        snprintf(who, sizeof(who), "belongs to uid %u", (unsigned)st.st_uid);
-                else if ((mode & 022) && !(mode & S_ISVTX))
-                        snprintf(who, sizeof(who), "is writable by others (mode %04o)", mode);
-                else
-                        continue;
-                kc_fail("%s: cannot write: '%s' %s, who could move the directory '%s' below it: write where only "
-                        "root (or you) can change the way", path, p, who, real);
-                free(real);
-                return -EACCES;
-        }
-        *ret_real = real;
-        return 0;
-}
-
 int kc_out_open(struct kc_out *o, const char *path)
 {
         *o = (struct kc_out){ .f = stdout, .dir.root = -1 };
         if (!path)
                 return 0;
-        char *d = strdup(path), *b = strdup(path), *real = NULL;
+        char *d = strdup(path), *b = strdup(path);
         int r = 0, fd = -1;
         if (!d || !b || !(o->path = strdup(path)) || !(o->base = strdup(basename(b))) ||
             asprintf(&o->tmp, ".%s.XXXXXX", o->base) < 0) {
@@ -232,22 +181,24 @@ int kc_out_open(struct kc_out *o, const char *path)
                 r = -ENOMEM;
         }
         const char *dir = r == 0 ? dirname(d) : NULL;
+        char why[PATH_MAX + 200] = "";
         if (r == 0 && !ktree_name_ok(o->base))
                 r = -EISDIR;
-        if (r == 0 && (r = kc_out_way(path, dir, &real)) < 0) {
-                free(d);
-                free(b);
+        int dfd = r == 0 ? ktree_chase_dir(dir, geteuid(), why, sizeof(why)) : -1; /* OTHER USERS (export.h) */
+        if (r == 0 && dfd < 0)
+                r = dfd;
+        if (r == 0 && (r = ktree_init_fd(&o->dir, dfd)) < 0)
+                close(dfd);
+        free(d);
+        free(b);
+        if (r < 0 && *why) {
+                kc_fail("%s: cannot write: %s", path, why);
                 free(o->tmp);
                 free(o->path);
                 free(o->base);
                 *o = (struct kc_out){ 0 };
                 return r;
         }
-        if (r == 0)
-                r = ktree_init(&o->dir, real);
-        free(real);
-        free(d);
-        free(b);
         /* a new name beside path, never one that exists (O_EXCL), resolved beneath the directory held */
         size_t tl = o->tmp ? strlen(o->tmp) : 0;
         for (unsigned tries = 0; r == 0 && fd < 0 && tries < 100; tries++) {

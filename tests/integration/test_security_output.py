@@ -61,3 +61,39 @@ def test_stats_output_into_a_sticky_or_another_users_directory_itself(kfs, workd
         kcache("stats", "--prometheus", "-o", out, m.mnt)
         assert "kcachefs_used_bytes" in open(out).read()
         assert os.stat(out).st_uid == 0 and sorted(os.listdir(os.path.dirname(out))) == ["out.prom"]
+
+
+FLIPPER = """
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+end = time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE: her directory and her symlink swap places
+"""
+
+
+def test_stats_output_while_another_user_swaps_her_directory_for_a_symlink(kfs, workdir):
+    """FILE's own directory is alice's, in a sticky /tmp: she may swap it for a symlink at any moment (a
+    checked path and a later open of it may differ). The directory is reached by a walk that follows no
+    link of hers and is held once reached: root writes into her directory or refuses, never elsewhere."""
+    import subprocess
+    d = workdir[0]
+    alice = ensure_user("kcfs-alice")
+    m = kfs({})
+    tmp, etc = dirs(d)
+    hers, link = os.path.join(tmp, "hers"), os.path.join(tmp, "link")
+    assert as_user(alice, "os.mkdir(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[3])", hers, etc, link) == 0
+    flip = subprocess.Popen(["runuser", "-u", alice.pw_name, "--", "/usr/bin/python3", "-c",
+                             "import sys\n" + FLIPPER, hers, link, "60"])
+    try:
+        outcomes = set()
+        for _ in range(150):
+            p = kcache("stats", "--prometheus", "-o", os.path.join(hers, "out.prom"), m.mnt, check=False)
+            outcomes.add(p.returncode)
+            assert open(os.path.join(etc, "out.prom")).read() == "root's\n", "root wrote through alice's symlink"
+            assert os.listdir(etc) == ["out.prom"]
+    finally:
+        flip.kill()
+        flip.wait()
+    assert outcomes <= {0, 1}, outcomes
