@@ -585,7 +585,8 @@ static void detached_ready(int fd, bool logging)
  * would count it) and the mount point. Opened before anything is made, so that a mistake is said on the
  * terminal. *RET_FD: the file, appended to.
  * The directory may be one others write into (a sticky /tmp), where another user may have made the name
- * first: the daemon, often root, never follows a symlink there (O_NOFOLLOW), never blocks on a FIFO
+ * first: the daemon, often root, reaches the directory by a walk nobody else can redirect
+ * (ktree_chase_dir), opens the name beneath it following no symlink, never blocks on a FIFO
  * (O_NONBLOCK), and appends only to a file of its own user or root with no other name (a file of hers
  * she would read and forge; a hard link, a file of root's elsewhere), whatever fs.protected_* say. */
 static int open_log_file(struct kfs_opts *o, int *ret_fd)
@@ -598,12 +599,25 @@ static int open_log_file(struct kfs_opts *o, int *ret_fd)
         if (r == 0 && (path_within(rdir, o->mountpoint) || path_within(rdir, o->backing)))
                 r = fail("the log '%s' is inside the %s", o->log_path,
                          path_within(rdir, o->mountpoint) ? "mount point" : "backing directory, where the cache would count it");
+        char why[PATH_MAX + 200];
+        struct ktree lt = { .root = -1 };
+        int dfd = r == 0 ? ktree_chase_dir(dir, geteuid(), why, sizeof(why)) : -1; /* a way nobody else redirects */
+        if (r == 0 && dfd < 0)
+                r = fail("the log '%s': %s", o->log_path, why);
+        else if (r == 0 && (r = ktree_init_fd(&lt, dfd)) < 0) {
+                close(dfd);
+                r = fail("the log '%s': %s", o->log_path, strerror(-r));
+        }
         if (r == 0) {
-                int fd = open(o->log_path,
-                              O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY | O_NOFOLLOW | O_NONBLOCK, 0640);
+                const char *base = slash ? slash + 1 : copy;
+                int fd = ktree_open(&lt, KTREE_ROOT, base, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY | O_NONBLOCK, 0640);
                 struct stat st;
-                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-                        int e = fd < 0 ? errno : EINVAL;
+                if (fd >= 0 && fstat(fd, &st) < 0) {
+                        close(fd);
+                        fd = -errno;
+                }
+                if (fd < 0 || !S_ISREG(st.st_mode)) {
+                        int e = fd < 0 ? -fd : EINVAL;
                         if (fd >= 0)
                                 close(fd);
                         r = fail("cannot write the log '%s': %s", o->log_path,
@@ -619,6 +633,7 @@ static int open_log_file(struct kfs_opts *o, int *ret_fd)
                         *ret_fd = fd;
                 }
         }
+        ktree_close(&lt);
         free(rdir);
         free(copy);
         return r;
