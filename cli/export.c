@@ -11,6 +11,8 @@
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -168,34 +170,69 @@ int kc_stats_prometheus(FILE *out, const char *mount, struct json_object *stats,
 
 int kc_out_open(struct kc_out *o, const char *path)
 {
-        *o = (struct kc_out){ .f = stdout };
+        *o = (struct kc_out){ .f = stdout, .dir.root = -1 };
         if (!path)
                 return 0;
         char *d = strdup(path), *b = strdup(path);
-        int r = 0;
-        if (!d || !b || !(o->path = strdup(path)) || asprintf(&o->tmp, "%s/.%s.XXXXXX", dirname(d), basename(b)) < 0) {
+        int r = 0, fd = -1;
+        if (!d || !b || !(o->path = strdup(path)) || !(o->base = strdup(basename(b))) ||
+            asprintf(&o->tmp, ".%s.XXXXXX", o->base) < 0) {
                 o->tmp = NULL;
                 r = -ENOMEM;
         }
+        const char *dir = r == 0 ? dirname(d) : NULL;
+        char why[PATH_MAX + 200] = "";
+        if (r == 0 && !ktree_name_ok(o->base))
+                r = -EISDIR;
+        int dfd = r == 0 ? ktree_chase_dir(dir, geteuid(), why, sizeof(why)) : -1; /* OTHER USERS (export.h) */
+        if (r == 0 && dfd < 0)
+                r = dfd;
+        if (r == 0 && (r = ktree_init_fd(&o->dir, dfd)) < 0)
+                close(dfd);
         free(d);
         free(b);
-        int fd = r == 0 ? mkostemp(o->tmp, O_CLOEXEC) : -1;
+        if (r < 0 && *why) {
+                kc_fail("%s: cannot write: %s", path, why);
+                free(o->tmp);
+                free(o->path);
+                free(o->base);
+                *o = (struct kc_out){ 0 };
+                return r;
+        }
+        /* a new name beside path, never one that exists (O_EXCL), resolved beneath the directory held */
+        size_t tl = o->tmp ? strlen(o->tmp) : 0;
+        for (unsigned tries = 0; r == 0 && fd < 0 && tries < 100; tries++) {
+                static const char abc[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+                unsigned char rnd[6];
+                if (getentropy(rnd, sizeof(rnd)) < 0) {
+                        r = -errno;
+                        break;
+                }
+                for (size_t i = 0; i < 6; i++)
+                        o->tmp[tl - 6 + i] = abc[rnd[i] % (sizeof(abc) - 1)];
+                fd = ktree_open(&o->dir, KTREE_ROOT, o->tmp, O_WRONLY | O_CREAT | O_EXCL, 0600);
+                if (fd < 0 && fd != -EEXIST)
+                        r = fd;
+        }
         if (r == 0 && fd < 0)
-                r = -errno;
+                r = -EEXIST;
         if (r == 0) {
                 mode_t mask = umask(0);
                 umask(mask);
-                if (fchmod(fd, 0666 & ~mask) < 0 || !(o->f = fdopen(fd, "w")))
+                if (fstat(fd, &o->tmp_st) < 0 || fchmod(fd, 0666 & ~mask) < 0 || !(o->f = fdopen(fd, "w")))
                         r = -errno;
         }
         if (r < 0) {
                 kc_fail("%s: cannot write: %s", path, strerror(-r));
                 if (fd >= 0) {
                         close(fd);
-                        unlink(o->tmp);
+                        (void)ktree_unlink(&o->dir, KTREE_ROOT, o->tmp, &o->tmp_st, 0);
                 }
+                if (o->dir.root >= 0)
+                        ktree_close(&o->dir);
                 free(o->tmp);
                 free(o->path);
+                free(o->base);
                 *o = (struct kc_out){ 0 };
         }
         return r;
@@ -215,14 +252,16 @@ int kc_out_close(struct kc_out *o, bool ok)
                 r = -errno;
         if (fclose(o->f) != 0 && r == 0)
                 r = -errno;
-        if (r == 0 && ok && rename(o->tmp, o->path) < 0)
-                r = -errno;
+        if (r == 0 && ok)
+                r = ktree_rename(&o->dir, KTREE_ROOT, o->tmp, KTREE_ROOT, o->base, 0);
         if (r < 0 || !ok)
-                unlink(o->tmp);
+                (void)ktree_unlink(&o->dir, KTREE_ROOT, o->tmp, &o->tmp_st, 0); /* only the file made */
         if (r < 0)
                 kc_fail("%s: cannot write: %s", o->path, strerror(-r));
+        ktree_close(&o->dir);
         free(o->tmp);
         free(o->path);
+        free(o->base);
         *o = (struct kc_out){ 0 };
         return r;
 }

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "../common/tree.h"
 #include "../index/kidx.h"
 
 struct json_object;
@@ -32,10 +33,20 @@ int kc_stats_prometheus(FILE *out, const char *mount, struct json_object *stats,
  * flushes it, and when ok and every write succeeded, fsyncs it and renames it over path, else removes
  * it: a reader of path sees the old file or the new one whole, never a part. For stdout, kc_out_close
  * flushes and reports a failed write (a full disk, /dev/full, a closed pipe). Both say what failed on
- * stderr and return -errno. */
+ * stderr and return -errno.
+ * OTHER USERS (kcache stats -o run by root from cron). Path's directory is reached by a walk that nobody
+ * else can redirect (common/tree.h ktree_chase_dir: a symbolic link only of root or the caller, a
+ * directory of another user or open to others only as the last step; otherwise -EACCES, saying which)
+ * and held open; every name in it (the temporary, the rename, a removal) is resolved beneath that
+ * descriptor, so a swap of the path meanwhile changes nothing. Path's own directory may be anybody's (a
+ * collector's account's, a sticky /tmp): what is made there is only ever a new name, and the rename
+ * replaces a name, never a file a symlink leads to. */
 struct kc_out {
         FILE *f;
-        char *path, *tmp; /* NULL for stdout */
+        char *path, *tmp; /* NULL for stdout; tmp: the temporary's name in dir */
+        char *base;       /* path's last component */
+        struct ktree dir; /* path's directory, held open */
+        struct stat tmp_st;
 };
 int kc_out_open(struct kc_out *o, const char *path);
 int kc_out_close(struct kc_out *o, bool ok);

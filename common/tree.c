@@ -1,7 +1,10 @@
-/* tree.c: the only door to the backing tree; the rules R1-R4 and why they exist are in tree.h. */
+/* tree.c: the only door to the backing tree; the rules R1-R4 and why they exist are in tree.h. Also
+ * ktree_chase_dir, the walk of an operator's path outside any tree: every openat of the project is here
+ * (tests/check-tree-door), so that each one is read with these rules in mind. */
 #include "tree.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <linux/openat2.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -281,4 +284,114 @@ int ktree_link(const struct ktree *t, int fd, int nfd, const char *nname)
         char proc[64];
         snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
         return linkat(AT_FDCWD, proc, base_of(t, nfd), nname, AT_SYMLINK_FOLLOW) < 0 ? -errno : 0;
+}
+
+int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len)
+{
+        char todo[2 * PATH_MAX], next[2 * PATH_MAX], target[PATH_MAX], name[NAME_MAX + 1];
+        if (path[0] == '/') {
+                snprintf(todo, sizeof(todo), "%s", path);
+        } else if (!getcwd(todo, PATH_MAX)) {
+                snprintf(why, len, "cannot tell the working directory: %s", strerror(errno));
+                return -errno;
+        } else {
+                size_t l = strlen(todo);
+                snprintf(todo + l, sizeof(todo) - l, "/%s", path);
+        }
+        int cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), r = 0;
+        if (cur < 0) {
+                snprintf(why, len, "cannot open /: %s", strerror(errno));
+                return -errno;
+        }
+        unsigned links = 0;
+        const char *rest = todo;
+        for (;;) {
+                while (*rest == '/')
+                        rest++;
+                if (!*rest)
+                        break;
+                size_t l = strcspn(rest, "/");
+                if (l > NAME_MAX) {
+                        r = -ENAMETOOLONG;
+                        snprintf(why, len, "'%s': %s", path, strerror(-r));
+                        break;
+                }
+                memcpy(name, rest, l);
+                name[l] = '\0';
+                rest += l;
+                while (*rest == '/')
+                        rest++;
+                bool last = !*rest;
+                if (!strcmp(name, "."))
+                        continue;
+                int fd = openat(cur, name, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+                struct stat st;
+                if (fd < 0 || fstat(fd, &st) < 0) {
+                        r = -errno;
+                        snprintf(why, len, "'%s' on the way to '%s': %s", name, path, strerror(errno));
+                        if (fd >= 0)
+                                close(fd);
+                        break;
+                }
+                if (S_ISLNK(st.st_mode)) {
+                        if (st.st_uid != 0 && st.st_uid != uid) {
+                                close(fd);
+                                r = -EACCES;
+                                snprintf(why, len, "'%s' on the way to '%s' is a symbolic link of uid %u, who chooses "
+                                         "where it leads: name the directory itself", name, path, (unsigned)st.st_uid);
+                                break;
+                        }
+                        ssize_t n = readlinkat(fd, "", target, sizeof(target) - 1);
+                        int e = errno;
+                        close(fd);
+                        if (n < 0 || ++links > 40) {
+                                r = n < 0 ? -e : -ELOOP;
+                                snprintf(why, len, "'%s' on the way to '%s': %s", name, path, strerror(-r));
+                                break;
+                        }
+                        target[n] = '\0';
+                        snprintf(next, sizeof(next), "%s/%s", target, rest); /* the link's target, then the rest */
+                        memcpy(todo, next, sizeof(todo));
+                        rest = todo;
+                        if (target[0] == '/') { /* from "/" again */
+                                int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
+                                if (root < 0) {
+                                        r = -errno;
+                                        snprintf(why, len, "cannot open /: %s", strerror(errno));
+                                        break;
+                                }
+                                close(cur);
+                                cur = root;
+                        }
+                        continue;
+                }
+                if (!S_ISDIR(st.st_mode)) {
+                        close(fd);
+                        r = -ENOTDIR;
+                        snprintf(why, len, "'%s' on the way to '%s' is not a directory", name, path);
+                        break;
+                }
+                unsigned mode = (unsigned)st.st_mode & 07777;
+                bool others = st.st_uid != 0 && st.st_uid != uid, open_to_all = (mode & 022) && !(mode & S_ISVTX);
+                if (!last && (others || open_to_all)) { /* whoever may write it may swap what lies below */
+                        close(fd);
+                        r = -EACCES;
+                        if (others)
+                                snprintf(why, len, "'%s' on the way to '%s' belongs to uid %u (mode %04o), who could "
+                                         "swap what lies below it", name, path, (unsigned)st.st_uid, mode);
+                        else
+                                snprintf(why, len, "'%s' on the way to '%s' is writable by others (mode %04o), who "
+                                         "could swap what lies below it", name, path, mode);
+                        break;
+                }
+                close(cur);
+                cur = fd;
+        }
+        int d = r == 0 ? openat(cur, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+        if (r == 0 && d < 0) {
+                r = -errno;
+                snprintf(why, len, "'%s': %s", path, strerror(errno));
+        }
+        close(cur);
+        return r < 0 ? r : d;
 }

@@ -93,6 +93,15 @@ int ktree_mknod(const struct ktree *t, int dfd, const char *name, mode_t mode, d
 /* A new name NNAME in NFD for the object FD (an O_PATH descriptor of a regular file or symlink of the
  * tree): linkat through /proc/self/fd, which never follows a symlink the object may be. */
 int ktree_link(const struct ktree *t, int fd, int nfd, const char *nname);
+/* Outside any tree: the directory PATH that an operator typed (kcache stats -o FILE's), opened by a walk
+ * from "/" (or the working directory) one component at a time, for a caller acting as UID (often root) in
+ * directories that other users may write. Like systemd's chase(CHASE_SAFE): a symbolic link is followed
+ * only when it belongs to root or UID, and the walk enters a directory that another user owns, or that
+ * others may write (unless sticky), only as the last step, where nothing more is resolved: nobody else
+ * can redirect the walk, and what it reaches is held open (O_RDONLY|O_DIRECTORY), so a later swap of the
+ * path changes nothing. Returns the descriptor, or -errno (-EACCES: refused) with WHY (LEN bytes) saying
+ * which component and why, in words. */
+int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len);
 /* True when NAME is one component: not empty, no '/', not "." or "..". */
 bool ktree_name_ok(const char *name);
 /* Tests only: resolve by the per-component walk, as on a kernel without openat2 (on), or as usual. */

@@ -102,7 +102,9 @@ static void usage(const char *prog)
                "                            options (max_size = 20G); -o options win over it. SIGHUP re-reads\n"
                "                            it: max_size, low_watermark, grace_ms, tmp_age, protect, pin and\n"
                "                            stale_locks change at once (as with kcache set), others at remount.\n"
-               "                            backing = DIR in it is BACKING_DIR when only MOUNTPOINT is given\n"
+               "                            backing = DIR in it is BACKING_DIR when only MOUNTPOINT is given.\n"
+               "                            Refused if anybody but root and the daemon's user can change it\n"
+               "                            (the file, or a directory above it that is not sticky)\n"
                "\n"
                "The shared tier (docs/remote.md): runtime entries compiled on one node, served to the others\n"
                "    -o remote=URL           a Redis-protocol server, redis://HOST[:PORT][/DB] or unix:/PATH;\n"
@@ -573,7 +575,12 @@ static void detached_ready(int fd, bool logging)
 
 /* -o log=FILE: its directory must exist, and it must lie outside the backing directory (where the cache
  * would count it) and the mount point. Opened before anything is made, so that a mistake is said on the
- * terminal. *RET_FD: the file, appended to. */
+ * terminal. *RET_FD: the file, appended to.
+ * The directory may be one others write into (a sticky /tmp), where another user may have made the name
+ * first: the daemon, often root, reaches the directory by a walk nobody else can redirect
+ * (ktree_chase_dir), opens the name beneath it following no symlink, never blocks on a FIFO
+ * (O_NONBLOCK), and appends only to a file of its own user or root with no other name (a file of hers
+ * she would read and forge; a hard link, a file of root's elsewhere), whatever fs.protected_* say. */
 static int open_log_file(struct kfs_opts *o, int *ret_fd)
 {
         char *copy = strdup(o->log_path), *slash = copy ? strrchr(copy, '/') : NULL, *rdir = NULL;
@@ -584,18 +591,41 @@ static int open_log_file(struct kfs_opts *o, int *ret_fd)
         if (r == 0 && (path_within(rdir, o->mountpoint) || path_within(rdir, o->backing)))
                 r = fail("the log '%s' is inside the %s", o->log_path,
                          path_within(rdir, o->mountpoint) ? "mount point" : "backing directory, where the cache would count it");
+        char why[PATH_MAX + 200];
+        struct ktree lt = { .root = -1 };
+        int dfd = r == 0 ? ktree_chase_dir(dir, geteuid(), why, sizeof(why)) : -1; /* a way nobody else redirects */
+        if (r == 0 && dfd < 0)
+                r = fail("the log '%s': %s", o->log_path, why);
+        else if (r == 0 && (r = ktree_init_fd(&lt, dfd)) < 0) {
+                close(dfd);
+                r = fail("the log '%s': %s", o->log_path, strerror(-r));
+        }
         if (r == 0) {
-                int fd = open(o->log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOCTTY, 0640);
+                const char *base = slash ? slash + 1 : copy;
+                int fd = ktree_open(&lt, KTREE_ROOT, base, O_WRONLY | O_APPEND | O_CREAT | O_NOCTTY | O_NONBLOCK, 0640);
                 struct stat st;
-                if (fd < 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-                        int e = fd < 0 ? errno : EINVAL;
+                if (fd >= 0 && fstat(fd, &st) < 0) {
+                        close(fd);
+                        fd = -errno;
+                }
+                if (fd < 0 || !S_ISREG(st.st_mode)) {
+                        int e = fd < 0 ? -fd : EINVAL;
                         if (fd >= 0)
                                 close(fd);
-                        r = fail("cannot write the log '%s': %s", o->log_path, e == EINVAL ? "not a regular file" : strerror(e));
+                        r = fail("cannot write the log '%s': %s", o->log_path,
+                                 e == EINVAL || e == ENXIO ? "not a regular file"
+                                 : e == ELOOP ? "it is a symbolic link (name the file itself)" : strerror(e));
+                } else if ((st.st_uid != geteuid() && st.st_uid != 0) || st.st_nlink != 1) {
+                        close(fd);
+                        r = fail("the log '%s' %s: another user may have made it; remove it, or put the log in a "
+                                 "directory that only root writes", o->log_path,
+                                 st.st_nlink != 1 ? "has other names (hard links)" : "belongs to another user");
                 } else {
+                        (void)fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
                         *ret_fd = fd;
                 }
         }
+        ktree_close(&lt);
         free(rdir);
         free(copy);
         return r;

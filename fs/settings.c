@@ -16,8 +16,17 @@
  *       is kept until unmount (retired), since eviction may be walking it: a few bytes a change.
  *   S5. Everything else (backing, index, log, layout, remote...) needs a remount: kcache set refuses it,
  *       SIGHUP logs that it differs and keeps it.
+ *   S6. Nobody but root and the daemon's user writes what the daemon reads (like sshd's StrictModes). The file
+ *       names where a daemon that is often root writes (index, log, backing) and what every user's cache
+ *       does (max_size, pin...): a file another user can write, or replace through a directory above it,
+ *       is refused at mount and at SIGHUP (logged; the settings stay). Checked on what is read: each
+ *       directory from "/" down by lstat (owned by root or the daemon's user, and writable by nobody else
+ *       unless sticky, as reach.c's P1 and P2), then the file opened without following a symlink and its
+ *       descriptor checked (a regular file of root or the daemon's user, mode without group or other
+ *       write) and parsed, so that what was checked is what is read.
  * lock: one change at a time (kcache set against SIGHUP), and the last refusal's words. */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <pthread.h>
@@ -28,7 +37,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <syslog.h>
+#include <unistd.h>
 
 #include <ini.h>
 
@@ -163,19 +174,105 @@ static int on_line(void *user, const char *section, const char *name, const char
         return f->err ? 0 : 1;
 }
 
+/* Whether anybody but root and the daemon's user may write st (S6); says who and how in why. */
+static bool others_write(const char *path, const char *p, const struct stat *st, bool dir, char *why, size_t len)
+{
+        unsigned mode = (unsigned)st->st_mode & 07777;
+        if (st->st_uid != 0 && st->st_uid != geteuid())
+                snprintf(why, len, "the settings file '%s' can be changed by another user: '%s' belongs to uid %u "
+                         "(mode %04o); chown root '%s' (only root and the daemon's user may write what it reads)",
+                         path, p, (unsigned)st->st_uid, mode, p);
+        else if ((mode & 022) && !(dir && (mode & S_ISVTX)))
+                snprintf(why, len, "the settings file '%s' can be changed by other users: '%s' (mode %04o) is "
+                         "writable by %s%s; chmod go-w '%s'", path, p, mode, (mode & 002) ? "everyone" : "its group",
+                         dir ? " and not sticky" : "", p);
+        else
+                return false;
+        return true;
+}
+
+/* The settings file, opened once it is checked (S6): a stream, or NULL with -errno in *err and why said. */
+static FILE *open_checked(const char *path, int *err, char *why, size_t len)
+{
+        size_t n = strlen(path);
+        char *p = malloc(n + 1);
+        struct stat st;
+        *err = -ENOMEM;
+        if (!p) {
+                snprintf(why, len, "out of memory");
+                return NULL;
+        }
+        *err = -EACCES;
+        if (path[0] != '/') { /* kfs_settings_file resolved it */
+                snprintf(why, len, "the settings file '%s' is not an absolute path", path);
+                free(p);
+                return NULL;
+        }
+        /* each directory above the file, from "/" down: "/", "/a", "/a/b" (the path is resolved: realpath) */
+        for (size_t e = 0; e < n; e++) {
+                if (path[e] != '/')
+                        continue;
+                size_t l = e ? e : 1;
+                memcpy(p, path, l);
+                p[l] = '\0';
+                if (lstat(p, &st) < 0) {
+                        *err = -errno;
+                        snprintf(why, len, "cannot examine '%s' on the way to the settings file '%s': %s", p, path,
+                                 strerror(errno));
+                } else if (!S_ISDIR(st.st_mode)) {
+                        snprintf(why, len, "'%s' on the way to the settings file '%s' is no longer a directory", p,
+                                 path);
+                } else if (!others_write(path, p, &st, true, why, len)) {
+                        continue;
+                }
+                free(p);
+                return NULL;
+        }
+        free(p);
+        /* O_NONBLOCK: a FIFO would hold the open; O_NOFOLLOW: the name itself, never where a link points */
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) {
+                *err = -errno;
+                snprintf(why, len, "cannot read the settings file '%s': %s", path,
+                         errno == ELOOP ? "it is a symbolic link (name the file itself)" : strerror(errno));
+                return NULL;
+        }
+        FILE *f = NULL;
+        if (fstat(fd, &st) < 0) {
+                *err = -errno;
+                snprintf(why, len, "cannot read the settings file '%s': %s", path, strerror(errno));
+        } else if (!S_ISREG(st.st_mode)) {
+                *err = -EINVAL;
+                snprintf(why, len, "the settings file '%s' is not a regular file", path);
+        } else if (!others_write(path, path, &st, false, why, len) && !(f = fdopen(fd, "r"))) {
+                *err = -errno;
+                snprintf(why, len, "cannot read the settings file '%s': %s", path, strerror(errno));
+        }
+        if (!f)
+                close(fd);
+        return f;
+}
+
 static int read_file(const char *path, struct kfs_opts *o, bool set[NKEYS], char *why, size_t len)
 {
         char what[500] = "";
         struct file_read f = { .path = path, .o = o, .why = what, .len = sizeof(what) };
-        int r = ini_parse(path, on_line, &f);
+        int err;
+        FILE *in = open_checked(path, &err, why, len);
+        if (!in)
+                return err;
+        errno = 0;
+        int r = ini_parse_file(in, on_line, &f);
+        int read_errno = ferror(in) ? (errno ? errno : EIO) : 0; /* inih takes a failed read for the end */
+        fclose(in);
         if (f.err) {
                 snprintf(why, len, "%s:%d: %s", path, r, what);
                 return f.err;
         }
-        if (r < 0) {
+        if (read_errno || r < 0) {
                 snprintf(why, len, "cannot read the settings file '%s': %s", path,
-                         r == -1 ? strerror(errno) : "out of memory");
-                return r == -1 ? -errno : -ENOMEM;
+                         read_errno ? strerror(read_errno) : "out of memory");
+                return read_errno ? -read_errno : -ENOMEM;
         }
         if (r > 0) { /* a line that is neither key = value, a comment nor a section */
                 snprintf(why, len, "%s:%d: expected key = value", path, r);

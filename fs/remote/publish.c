@@ -6,14 +6,18 @@
  *   P1 Only a whole unit of a shareable runtime goes: not busy (a lock or temporary of the runtime in
  *      it), every member a regular file, none changed while it was read.
  *   P2 Into the namespace of the uid that owns every member, and only then (TRUST): a unit with files of
- *      two owners is not published at all. On a remote_publish=NAME mount, the publisher's units (those
- *      of the remote_publisher= account, a CI or admin account) go into "p:NAME" instead, and into no
- *      user's; its ACL user alone may write there, and a node's credentials are refused (NOPERM),
- *      which is a counted error, never the application's. Other users' units there go to their own.
+ *      two owners is not published at all, nor one that anybody else could have arranged: the key is the
+ *      path, so whoever may rename in a directory on the way (from the root down to each member's)
+ *      chooses the key that the owner's bytes go under (another kernel's: way_closed). On a
+ *      remote_publish=NAME mount, the publisher's units (those of the remote_publisher= account, a CI or
+ *      admin account) go into "p:NAME" instead, and into no user's; its ACL user alone may write there,
+ *      and a node's credentials are refused (NOPERM), which is a counted error, never the application's.
+ *      Other users' units there go to their own.
  *   P3 The unit's key last-but-none: its markers ("M", "D") are stored only once the unit is, so a
  *      lookup that finds a marker finds the unit (unless the server evicted it since: a miss). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -175,6 +179,34 @@ static int snapshot(struct kfs *fs, const struct kev_unit *u, struct snap *s)
         return r;
 }
 
+/* Whether nobody but owner and root could have put u's members where they are (P2): every directory from
+ * the root down to each member's belongs to owner or root, and none is writable by others unless sticky
+ * (as the root of a shared mount, 1777: there nobody renames what is not theirs). Checked on the tree as
+ * it is after the members were read; what a directory's owner and mode allow only its owner and root can
+ * change. */
+static bool way_closed(struct kfs *fs, const struct kev_unit *u, uid_t owner)
+{
+        struct stat st;
+        char rel[PATH_MAX];
+        for (size_t i = 0; i < u->n; i++) {
+                const char *m = u->members[i];
+                size_t n = strlen(m);
+                if (n >= sizeof(rel))
+                        return false;
+                for (size_t e = 0; e < n; e++) {
+                        if (e > 0 && m[e] != '/')
+                                continue;
+                        memcpy(rel, m, e);
+                        rel[e] = '\0'; /* "" (the root), then each directory above the member */
+                        if (ktree_stat(&fs->tree, KTREE_ROOT, rel, &st) < 0 || !S_ISDIR(st.st_mode) ||
+                            (st.st_uid != owner && st.st_uid != 0) ||
+                            ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)))
+                                return false;
+                }
+        }
+        return true;
+}
+
 /* The in-flight mark of key goes (herd.c): its compile is stored. Returns the commands appended. */
 static size_t unmark(redisContext *c, const char *key)
 {
@@ -292,6 +324,11 @@ static int publish_one(struct kfs *fs, const char *path)
                 snap_free(&s);
                 kev_unit_free(&u);
                 return -EAGAIN; /* still being written */
+        }
+        if (!way_closed(fs, &u, s.owner)) { /* P2: another user could have chosen its key */
+                snap_free(&s);
+                kev_unit_free(&u);
+                return 0;
         }
         struct kfs_remote_ns ns;
         kfs_remote_own_ns(r, s.owner, u.members[0], &ns); /* P2 */

@@ -37,9 +37,10 @@
  *
  * TRUST. A binary cannot be checked against its key without compiling it again, so whoever can write a
  * key can poison its readers. A node publishes a unit only into the namespace of the uid that owns all
- * its files, and fetches into a directory only for the uid that owns that directory, from that uid's
- * namespace, as files that uid owns: what one user stores is only ever loaded by that user, and a
- * node's daemon never publishes one user's files into another's namespace. Wider sharing is through
+ * its files, and only when nobody else may rename on its way (the key is the path: publish.c P2), and
+ * fetches into a directory only for the uid that owns that directory, from that uid's namespace, as
+ * files that uid owns: what one user stores is only ever loaded by that user, and a node's daemon never
+ * publishes one user's files into another's namespace. Wider sharing is through
  * trusted publishers' namespaces only, which the server's ACLs enforce, not the nodes' honesty
  * (contrib/redis, docs/remote.md): a mount with -o remote_publish=NAME (with the publisher's ACL user
  * in remote_auth) stores the units of one account, the publisher (-o remote_publisher=, by default who

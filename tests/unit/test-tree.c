@@ -2,9 +2,12 @@
  * resolvers (openat2, and the per-component walk of kernels without it) refuse every way out that a user
  * of a shared mount can build inside the tree: a symlink anywhere in a path, "..", an absolute path, a
  * mount point; a walk by identities refuses a component that holds another directory; a removal
- * refuses a name that holds another object. A mount point is tried only as root. */
+ * refuses a name that holds another object. A mount point is tried only as root. ktree_chase_dir, the
+ * walk of an operator's path: follows the caller's links, refuses another user's link and any step below
+ * a directory others may write or another user owns (as root), takes such a directory as the last step. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +109,49 @@ static void run(const char *root, const char *outside, bool walk)
         ktree_close(&t);
 }
 
+static bool same_dir(int fd, const char *path)
+{
+        struct stat a, b;
+        return fd >= 0 && fstat(fd, &a) == 0 && stat(path, &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+static void chase(const char *root, const char *out)
+{
+        char why[8192];
+        uid_t me = geteuid();
+        int fd = ktree_chase_dir(at(root, "a/b"), me, why, sizeof(why));
+        CHECK(same_dir(fd, at(root, "a/b")));
+        close(fd);
+        fd = ktree_chase_dir(at(root, "a/link"), me, why, sizeof(why)); /* the caller's own link: followed */
+        CHECK(same_dir(fd, out));
+        close(fd);
+        CHECK(mkdir(at(root, "w"), 0700) == 0 && chmod(at(root, "w"), 0777) == 0 &&
+              mkdir(at(root, "w/x"), 0700) == 0);
+        CHECK_EQ(ktree_chase_dir(at(root, "w/x"), me, why, sizeof(why)), -EACCES); /* below one open to all */
+        CHECK(strstr(why, "writable by others") != NULL);
+        fd = ktree_chase_dir(at(root, "w"), me, why, sizeof(why)); /* as the last step */
+        CHECK(same_dir(fd, at(root, "w")));
+        close(fd);
+        CHECK(chmod(at(root, "w"), 01777) == 0); /* sticky: nobody renames what is not theirs */
+        fd = ktree_chase_dir(at(root, "w/x"), me, why, sizeof(why));
+        CHECK(same_dir(fd, at(root, "w/x")));
+        close(fd);
+        CHECK_EQ(ktree_chase_dir(at(root, "a/b/file"), me, why, sizeof(why)), -ENOTDIR);
+        if (me == 0) { /* another user's directory and link */
+                CHECK(mkdir(at(root, "h"), 0755) == 0 && mkdir(at(root, "h/y"), 0755) == 0 &&
+                      chown(at(root, "h"), 4242, 4242) == 0);
+                CHECK_EQ(ktree_chase_dir(at(root, "h/y"), 0, why, sizeof(why)), -EACCES);
+                CHECK(strstr(why, "belongs to uid 4242") != NULL);
+                fd = ktree_chase_dir(at(root, "h"), 0, why, sizeof(why));
+                CHECK(same_dir(fd, at(root, "h")));
+                close(fd);
+                CHECK(lchown(at(root, "a/link"), 4242, 4242) == 0);
+                CHECK_EQ(ktree_chase_dir(at(root, "a/link"), 0, why, sizeof(why)), -EACCES);
+                CHECK(strstr(why, "symbolic link of uid 4242") != NULL);
+                CHECK(lchown(at(root, "a/link"), 0, 0) == 0);
+        }
+}
+
 int main(void)
 {
         char *root = tutil_tmpdir(), *out = tutil_tmpdir();
@@ -121,6 +167,7 @@ int main(void)
         CHECK(symlink(secret, at(root, "a/flink")) == 0);
         run(root, secret, false);
         run(root, secret, true);
+        chase(root, out);
         struct stat st;
         CHECK(stat(secret, &st) == 0 && st.st_size == 0); /* never reached */
         tutil_rmrf(root);
