@@ -588,8 +588,10 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size);
 int kfs_settings_set(struct kfs *fs, const char *lines, size_t size);
 /* The last refusal of kfs_settings_set, in words (kcache set prints it). */
 int kfs_settings_refusal(struct kfs *fs, char *buf, size_t size);
-/* SIGHUP re-reads the settings file (after fuse_set_signal_handlers, whose HUP ends the mount). */
+/* SIGHUP re-reads the settings file (after fuse_set_signal_handlers, whose HUP ends the mount): start
+ * takes the signal, kfs_settings_thread (at INIT) starts its reader, or ignores SIGHUP without one. */
 int kfs_settings_start(struct kfs *fs);
+void kfs_settings_thread(struct kfs *fs);
 void kfs_settings_stop(struct kfs *fs);
 void kfs_settings_free(struct kfs *fs);
 

@@ -7,6 +7,7 @@ void kfs_op_init(void *ud, struct fuse_conn_info *conn)
         fs->no_opendir = conn->capable & FUSE_CAP_NO_OPENDIR_SUPPORT;
         kfs_ring_init(fs); /* before the splice choice below, which the rings exclude */
         kfs_kprune_init(fs, conn->proto_minor);
+        kfs_settings_thread(fs); /* SIGHUP's reader, now that a worker runs (settings.c) */
         /* Splice file data straight from the backing file to /dev/fuse on reads; not with io_uring, whose
          * replies go into a ring entry's buffer (ring.c). */
         if ((conn->capable & FUSE_CAP_SPLICE_WRITE) && !kfs_ring_wanted(fs))

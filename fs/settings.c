@@ -586,25 +586,40 @@ static void on_hup(int sig)
 
 int kfs_settings_start(struct kfs *fs)
 {
-        struct kfs_settings *s = fs->settings;
+        (void)fs;
         if (sem_init(&hup_sem, 0, 0) < 0)
                 return -errno;
-        int e = pthread_create(&s->thread, NULL, hup_main, fs);
-        if (e)
-                return -e;
-        s->started = true;
-        /* After libfuse's handlers (fuse_set_signal_handlers), whose SIGHUP ends the mount. */
+        /* After libfuse's handlers (fuse_set_signal_handlers), whose SIGHUP ends the mount. A SIGHUP before
+         * the thread runs waits in the semaphore for it. */
         struct sigaction sa = { .sa_handler = on_hup, .sa_flags = SA_RESTART };
         sigemptyset(&sa.sa_mask);
         return sigaction(SIGHUP, &sa, NULL) < 0 ? -errno : 0;
 }
 
+void kfs_settings_thread(struct kfs *fs)
+{
+        struct kfs_settings *s = fs->settings;
+        if (!s || s->started)
+                return;
+        /* Made at INIT, once libfuse has its first worker: under a tasks limit (systemd's TasksMax, a pids
+         * cgroup) the mount must serve first, as it does with fewer ring threads; only SIGHUP then goes
+         * unheard (never libfuse's handler: it would unmount). */
+        int e = pthread_create(&s->thread, NULL, hup_main, fs);
+        if (e) {
+                signal(SIGHUP, SIG_IGN);
+                kfs_log(LOG_WARNING, "SIGHUP is ignored: no thread to re-read the settings (%s); kcache set "
+                        "changes them", strerror(e));
+                return;
+        }
+        s->started = true;
+}
+
 void kfs_settings_stop(struct kfs *fs)
 {
         struct kfs_settings *s = fs->settings;
+        signal(SIGHUP, SIG_IGN); /* the mount is ending: nothing to re-read any more */
         if (!s || !s->started)
                 return;
-        signal(SIGHUP, SIG_IGN); /* the mount is ending: nothing to re-read any more */
         atomic_store(&s->stop, true);
         sem_post(&hup_sem);
         pthread_join(s->thread, NULL);
