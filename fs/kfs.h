@@ -206,7 +206,7 @@ struct kfs {
                 bool hooked;      /* installed */
                 bool init_seen, init_done; /* the kernel's INIT request was read; its reply sent */
                 uint64_t init_unique;
-                bool offers_pt, offers_ring; /* what INIT offered */
+                bool offers_pt, offers_ring, offers_killpriv2; /* what INIT offered */
         } devio;
         struct {                  /* the kernel forgets evicted names (kprune.c) */
                 _Atomic bool on;  /* the kernel takes FUSE_NOTIFY_PRUNE */
@@ -621,6 +621,9 @@ void kfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const c
 void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
                    const char *newname, unsigned int flags);
 void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname);
+/* Clears setuid and setgid (with group execute) after a write or truncate by a caller other than root,
+ * for a root daemon; fd may be an O_PATH one if proc names it (ops-io.c, SETUID). */
+void kfs_kill_suid(fuse_req_t req, int fd, const char *proc);
 void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
 void kfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);

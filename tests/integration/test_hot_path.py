@@ -150,3 +150,20 @@ def test_a_warm_open_reads_nothing_from_the_index(kfs):
     assert any("fstat" in l for l in lines), "strace saw none of the OPENs' fstat calls"
     index = [l for l in lines if "pread64(" in l or any(k in l for k in ("F_SETLK", "F_GETLK", "F_OFD_"))]
     assert index == [], f"{len(index)} index calls in 100 warm opens, e.g. {index[:3]}"
+
+
+def test_a_file_written_in_many_writes_is_probed_for_capabilities_once(kfs):
+    """Before each write(2) the kernel asks whether the file has a security.capability to drop (a GETXATTR
+    round trip), unless the inode is marked as having none, which the kernel does only on a filesystem
+    that handles the killing itself (FUSE_HANDLE_KILLPRIV_V2, devio.c; fs/ops-io.c, SETUID). A runtime
+    writing a kernel in chunks paid one round trip per chunk."""
+    m = kfs({})
+    before = requests(m)
+    fd = os.open(m.path("k.bin.tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    for _ in range(16):
+        assert os.write(fd, b"k" * 65536) == 65536
+    os.close(fd)
+    os.rename(m.path("k.bin.tmp"), m.path("k.bin"))
+    d = delta(before, requests(m))
+    assert d.get("WRITE") == 16, d
+    assert d.get("GETXATTR", 0) - 2 <= 1, f"16 writes sent {d}"  # 2: our own reading of the counters
