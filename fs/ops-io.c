@@ -20,11 +20,11 @@
  * SETUID. The kernel leaves clearing the setuid and setgid bits on write and truncate to the daemon
  * since devio.c asks for FUSE_HANDLE_KILLPRIV_V2 in INIT (so that a file written in many write(2) calls
  * costs one security.capability probe, a GETXATTR, instead of one per write; before, the kernel cleared
- * them itself with a SETATTR, and nobody did on an O_TRUNC open). The backing filesystem clears security.capability on every write and truncate by the daemon,
- * and the two bits only for a daemon without CAP_FSETID; so a root daemon clears them itself
- * (kfs_kill_suid) when a caller other than root writes, truncates or opens with O_TRUNC, as the VFS
- * would: setgid only with group execute. Every mount is nosuid: this keeps the bits honest for stat
- * and for the backing tree. */
+ * them itself with a SETATTR, and nobody did on an O_TRUNC open). The backing filesystem clears
+ * security.capability on every write and truncate by the daemon, and the two bits only for a daemon
+ * without CAP_FSETID; so a root daemon clears them itself (kfs_kill_suid) when a caller other than root
+ * writes, truncates or opens with O_TRUNC, as the VFS would: setgid only with group execute. Every
+ * mount is nosuid: this keeps the bits honest for stat and for the backing tree. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -61,7 +61,8 @@ void kfs_kill_suid(fuse_req_t req, int fd, const char *proc)
         struct stat st;
         if (fuse_req_ctx(req)->uid == 0 || geteuid() != 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
                 return;
-        mode_t kill = (st.st_mode & S_ISUID) | ((st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) ? S_ISGID : 0);
+        bool sgid = (st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP);
+        mode_t kill = (st.st_mode & S_ISUID) | (sgid ? S_ISGID : 0);
         if (kill)
                 (void)(proc ? fchmodat(AT_FDCWD, proc, st.st_mode & 07777 & ~kill, 0)
                             : fchmod(fd, st.st_mode & 07777 & ~kill));
