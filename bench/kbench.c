@@ -9,7 +9,8 @@
  *   kbench stat DIR                stat every file
  *   kbench readdir DIR             walk the tree, names only
  *   kbench walkstat DIR            walk the tree and fstatat every entry (as du does)
- *   kbench publish DIR TAG N       N new 256 KiB files by temp + write + rename into DIR/pub-TAG/
+ *   kbench publish DIR TAG N [CHUNK]  N new 256 KiB files by temp + write + rename into DIR/pub-TAG/,
+ *                                  in writes of CHUNK bytes (default: one write)
  *   kbench parread DIR P           P processes each read every file, concurrently
  *   kbench writelat DIR N          N 64 KiB temp+write+rename publications; prints the worst latency
  *   kbench many DIR N              N files of 1 byte in DIR/dNNNN/ (1,000 per directory), for the index;
@@ -187,7 +188,7 @@ static long walk(int dfd, int with_stat)
         return n;
 }
 
-static void publish(const char *dir, const char *tag, int n, double *worst)
+static void publish(const char *dir, const char *tag, int n, double *worst, size_t chunk)
 {
         char base[4096], tmp[4300], fin[4200];
         snprintf(base, sizeof(base), "%s/pub-%s", dir, tag);
@@ -198,8 +199,11 @@ static void publish(const char *dir, const char *tag, int n, double *worst)
                 file_path(fin, sizeof(fin), base, i);
                 snprintf(tmp, sizeof(tmp), "%s.tmp.%d", fin, getpid());
                 int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-                if (fd < 0 || write(fd, buffer(), size) != (ssize_t)size)
-                        die("write", tmp);
+                if (fd < 0)
+                        die("open", tmp);
+                for (size_t done = 0, step = chunk && chunk < size ? chunk : size; done < size; done += step)
+                        if (write(fd, buffer() + done, step) != (ssize_t)step)
+                                die("write", tmp);
                 close(fd);
                 if (rename(tmp, fin) < 0)
                         die("rename", fin);
@@ -230,11 +234,11 @@ int main(int argc, char **argv)
                 if (fd < 0)
                         die("open", dir);
                 walk(fd, !strcmp(op, "walkstat"));
-        } else if (!strcmp(op, "publish") && argc == 5) {
-                publish(dir, argv[3], atoi(argv[4]), NULL);
+        } else if (!strcmp(op, "publish") && (argc == 5 || argc == 6)) {
+                publish(dir, argv[3], atoi(argv[4]), NULL, argc == 6 ? (size_t)atol(argv[5]) : 0);
         } else if (!strcmp(op, "writelat") && argc == 4) {
                 double worst = 0;
-                publish(dir, "lat", atoi(argv[3]), &worst);
+                publish(dir, "lat", atoi(argv[3]), &worst, 0);
                 printf("%.6f\n", worst);
                 return 0;
         } else if (!strcmp(op, "many") && argc == 4) {

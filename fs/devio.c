@@ -4,8 +4,10 @@
  * two kernel features that Debian 12's libfuse predates: passthrough (passthrough.c, libfuse 3.16) and
  * FUSE over io_uring (ring.c, libfuse 3.18). Our read sees the kernel's INIT request, which says what the
  * kernel offers. Our writev sees every reply before the kernel does:
- *   - INIT's reply asks for what is wanted (FUSE_PASSTHROUGH with max_stack_depth 1, and
- *     FUSE_OVER_IO_URING), and once the kernel has taken it the rings start;
+ *   - INIT's reply asks for what is wanted (FUSE_PASSTHROUGH with max_stack_depth 1,
+ *     FUSE_OVER_IO_URING, and FUSE_HANDLE_KILLPRIV_V2, which 3.14 cannot ask for: the daemon clears setuid and
+ *     setgid itself, ops-io.c SETUID, so the kernel stops asking for security.capability before every
+ *     write(2) of a file once it found none), and once the kernel has taken it the rings start;
  *   - OPEN's and CREATE's replies get their backing file from passthrough.c;
  *   - a reply to a request that came through a ring goes into that ring's entry (ring.c), every other
  *     one (and every notification) to /dev/fuse.
@@ -73,6 +75,7 @@ static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
                         bool ext = in->flags & FK_INIT_EXT;
                         fs->devio.offers_pt = ext && (in->flags2 & FK_PASSTHROUGH_FLAGS2);
                         fs->devio.offers_ring = ext && (in->flags2 & FK_OVER_IO_URING_FLAGS2);
+                        fs->devio.offers_killpriv2 = in->flags & FK_HANDLE_KILLPRIV_V2;
                         fs->devio.init_unique = h->unique;
                         fs->devio.init_seen = true; /* INIT is the first request, read before any other thread runs */
                 }
@@ -95,6 +98,8 @@ static ssize_t init_reply(struct kfs *fs, int fd, struct iovec *iov, int count)
                 o.flags2 |= FK_PASSTHROUGH_FLAGS2;
                 o.max_stack_depth = 1;
         }
+        if (fs->devio.offers_killpriv2)
+                o.flags |= FK_HANDLE_KILLPRIV_V2;
         if (ring) {
                 o.flags |= FK_INIT_EXT;
                 o.flags2 |= FK_OVER_IO_URING_FLAGS2;

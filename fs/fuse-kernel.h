@@ -10,6 +10,7 @@
 #define FK_INIT_EXT (1u << 30)                    /* flags: flags2 is valid */
 #define FK_PASSTHROUGH_FLAGS2 (1u << (37 - 32))   /* FUSE_PASSTHROUGH */
 #define FK_OVER_IO_URING_FLAGS2 (1u << (41 - 32)) /* FUSE_OVER_IO_URING */
+#define FK_HANDLE_KILLPRIV_V2 (1u << 28)           /* flags: we kill suid/sgid/caps on write/truncate (7.33) */
 #define FK_FOPEN_DIRECT_IO (1u << 0)
 #define FK_FOPEN_KEEP_CACHE (1u << 1)
 #define FK_FOPEN_PASSTHROUGH (1u << 7)

@@ -208,7 +208,7 @@ struct kfs {
                 bool hooked;      /* installed */
                 bool init_seen, init_done; /* the kernel's INIT request was read; its reply sent */
                 uint64_t init_unique;
-                bool offers_pt, offers_ring; /* what INIT offered */
+                bool offers_pt, offers_ring, offers_killpriv2; /* what INIT offered */
         } devio;
         struct {                  /* the kernel forgets evicted names (kprune.c) */
                 _Atomic bool on;  /* the kernel takes FUSE_NOTIFY_PRUNE */
@@ -533,6 +533,9 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
  * file must be registered. Returns the backing id the reply must carry (passthrough mode), or 0
  * (page-cache mode). */
 int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bool writer);
+/* A file CREATE just made, open nowhere else: passthrough with FOPEN_DIRECT_IO (its writes still come to
+ * the daemon) on a read-write backing file of its own; 0 if not (passthrough.c, CREATED FILES). */
+int32_t kfs_pt_create(struct kfs *fs, struct kfs_inode *in);
 /* The next reply this thread sends to OPEN or CREATE carries backing_id (0: none). */
 void kfs_pt_reply_next(int32_t backing_id);
 /* An open counted by kfs_pt_open ended (released, or its reply never reached the kernel). */
@@ -623,6 +626,9 @@ void kfs_op_symlink(fuse_req_t req, const char *link, fuse_ino_t parent, const c
 void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino_t newparent,
                    const char *newname, unsigned int flags);
 void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname);
+/* Clears setuid and setgid (with group execute) after a write or truncate by a caller other than root,
+ * for a root daemon; fd may be an O_PATH one if proc names it (ops-io.c, SETUID). */
+void kfs_kill_suid(fuse_req_t req, int fd, const char *proc);
 void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
 void kfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);

@@ -15,7 +15,16 @@
  * (estimate()), which may evict (evict/space.c); afterwards it re-reads st_blocks and the index's used total
  * moves by the exact difference. Writes inside already-allocated space reserve nothing and cost no fstat.
  *
- * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone. */
+ * Open counts (readers/writers, under itable_lock) are what eviction reads to leave open files alone.
+ *
+ * SETUID. The kernel leaves clearing the setuid and setgid bits on write and truncate to the daemon
+ * since devio.c asks for FUSE_HANDLE_KILLPRIV_V2 in INIT (so that a file written in many write(2) calls
+ * costs one security.capability probe, a GETXATTR, instead of one per write; before, the kernel cleared
+ * them itself with a SETATTR, and nobody did on an O_TRUNC open). The backing filesystem clears
+ * security.capability on every write and truncate by the daemon, and the two bits only for a daemon
+ * without CAP_FSETID; so a root daemon clears them itself (kfs_kill_suid) when a caller other than root
+ * writes, truncates or opens with O_TRUNC, as the VFS would: setgid only with group execute. Every
+ * mount is nosuid: this keeps the bits honest for stat and for the backing tree. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -45,6 +54,18 @@ static uint64_t estimate(struct kfs_inode *in, uint64_t off, uint64_t len)
         uint64_t end = off + len, full = round_up(end > size ? end : size);
         uint64_t need = full > alloc ? full - alloc : 0, cap = round_up(len) + BLK;
         return need < cap ? need : cap;
+}
+
+void kfs_kill_suid(fuse_req_t req, int fd, const char *proc)
+{
+        struct stat st;
+        if (fuse_req_ctx(req)->uid == 0 || geteuid() != 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+                return;
+        bool sgid = (st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP);
+        mode_t kill = (st.st_mode & S_ISUID) | (sgid ? S_ISGID : 0);
+        if (kill)
+                (void)(proc ? fchmodat(AT_FDCWD, proc, st.st_mode & 07777 & ~kill, 0)
+                            : fchmod(fd, st.st_mode & 07777 & ~kill));
 }
 
 /* By access mode alone: the kernel strips O_TRUNC from the flags it sends with release. */
@@ -136,6 +157,8 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         kev_writer = fuse_req_ctx(req)->pid;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
         kev_writer = 0;
+        if ((flags & O_TRUNC) && fd >= 0)
+                kfs_kill_suid(req, fd, NULL); /* (SETUID) */
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
         struct kfs_handle *h = NULL;
         if (pt && !writer && (h = malloc(sizeof(*h)))) {
@@ -229,9 +252,13 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         refresh(fs, in, fd);
         kev_writer = 0;
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
-        int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
+        int32_t pt = created ? kfs_pt_create(fs, in) : 0;
+        if (!pt)
+                pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
                 log_open(req, fs, in, e.ino);
+        if (!created && (flags & O_TRUNC))
+                kfs_kill_suid(req, fd, NULL); /* (SETUID) */
         fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
         fi->direct_io = pt != 0 || in->bookkeeping;
         fi->noflush = 1;
@@ -361,6 +388,8 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 fuse_reply_err(req, (int)-res);
                 return;
         }
+        if (res > 0)
+                kfs_kill_suid(req, op.fd, NULL); /* (SETUID) */
         if (!fs->o.nolog) {
                 int64_t now = kfs_now_ns();
                 kidx_touch(fs->idx, in->bino, now, 0, 0);

@@ -92,3 +92,29 @@ def test_control_actions_need_the_mount_owner(shared):
     # Root may.
     os.setxattr(f, "user.kcachefs.pinned", b"1")
     assert os.getxattr(f, "user.kcachefs.pinned") == b"1"
+
+
+@pytest.mark.parametrize("how", ["write", "truncate", "O_TRUNC"])
+def test_a_write_by_another_user_clears_setuid_and_setgid(shared, how):
+    """The kernel leaves this to the daemon (FUSE_HANDLE_KILLPRIV and _V2), and a root daemon's own writes
+    to the backing file keep the bits (CAP_FSETID): it clears them itself, as the VFS would (fs/ops-io.c,
+    SETUID). setgid goes only with group execute."""
+    m, alice, bob = shared
+    for mode, left in ((0o6777, 0o0777), (0o6767, 0o2767)):
+        p = m.path(f"{how}-{mode:o}")
+        with open(p, "wb") as f:
+            f.write(b"k" * 8192)
+        os.chmod(p, mode)
+        back = os.path.join(m.backing, os.path.basename(p))
+        assert os.stat(back).st_mode & 0o7777 == mode
+        code = {"write": "fd = os.open(sys.argv[1], os.O_WRONLY); os.pwrite(fd, b'b', 0); os.close(fd)",
+                "truncate": "os.truncate(sys.argv[1], 100)",
+                "O_TRUNC": "os.close(os.open(sys.argv[1], os.O_WRONLY | os.O_TRUNC))"}[how]
+        assert as_user(bob, code, p) == 0
+        assert os.stat(back).st_mode & 0o7777 == left, f"{how} by another user left {os.stat(back).st_mode:o}"
+        assert os.stat(p).st_mode & 0o7777 == left, f"stat through the mount after {how}: {os.stat(p).st_mode:o}"
+        os.chmod(p, mode)  # root's own write keeps them (CAP_FSETID), as on any filesystem
+        fd = os.open(p, os.O_WRONLY)
+        os.pwrite(fd, b"r", 0)
+        os.close(fd)
+        assert os.stat(back).st_mode & 0o7777 == mode
