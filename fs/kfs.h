@@ -533,9 +533,6 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
  * file must be registered. Returns the backing id the reply must carry (passthrough mode), or 0
  * (page-cache mode). */
 int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bool writer);
-/* A file CREATE just made, open nowhere else: passthrough with FOPEN_DIRECT_IO (its writes still come to
- * the daemon) on a read-write backing file of its own; 0 if not (passthrough.c, CREATED FILES). */
-int32_t kfs_pt_create(struct kfs *fs, struct kfs_inode *in);
 /* The next reply this thread sends to OPEN or CREATE carries backing_id (0: none). */
 void kfs_pt_reply_next(int32_t backing_id);
 /* An open counted by kfs_pt_open ended (released, or its reply never reached the kernel). */

@@ -252,9 +252,7 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         refresh(fs, in, fd);
         kev_writer = 0;
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
-        int32_t pt = created ? kfs_pt_create(fs, in) : 0;
-        if (!pt)
-                pt = kfs_pt_open(fs, in, &fd, flags, true);
+        int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
                 log_open(req, fs, in, e.ino);
         if (!created && (flags & O_TRUNC))

@@ -24,14 +24,6 @@
  *     FOPEN_PASSTHROUGH | FOPEN_DIRECT_IO, for which the kernel sends reads and writes to the daemon and
  *     maps the backing file for mmap;
  *   - a reader of an inode open for writing in the page-cache mode gets that mode too.
- *
- * CREATED FILES. A file CREATE just made, open nowhere else, starts in passthrough mode with
- * FOPEN_DIRECT_IO, on a read-write backing file of its own (kfs_pt_create): its writes still come to the
- * daemon, but through the kernel's direct path, which neither copies them into the FUSE page cache nor
- * asks first whether the file has a security.capability to drop (a GETXATTR round trip before the first
- * write of every new file in the page-cache mode); mmap maps the backing file. A runtime's publication
- * (temp + write + rename) costs five synchronous requests instead of six, and the first reader after it
- * finds the backing file registered.
  * Our counts (per inode, under in->lock) drop when RELEASE arrives, after the kernel dropped its own, so
  * they never undercount what the kernel holds: each rule above is kept whatever the interleaving.
  *
@@ -159,28 +151,6 @@ int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bo
                         in->cache_ok = false; /* its writes bypass the FUSE page cache of earlier opens */
         } else {
                 in->cached_opens++;
-        }
-        pthread_mutex_unlock(&in->lock);
-        if (id)
-                atomic_fetch_add(&fs->pt.opens, 1);
-        return id;
-}
-
-int32_t kfs_pt_create(struct kfs *fs, struct kfs_inode *in)
-{
-        int32_t id = 0;
-        pthread_mutex_lock(&in->lock);
-        if (in->pt_opens == 0 && in->cached_opens == 0 && atomic_load(&in->pt_id) <= 0 && atomic_load(&fs->pt.on)) {
-                int bfd = kfs_inode_open(fs, in, O_RDWR | O_CLOEXEC);
-                int r = bfd >= 0 ? backing_open(fs, bfd) : 0;
-                if (bfd >= 0)
-                        close(bfd); /* the registration holds the file */
-                if (r > 0) {
-                        id = r;
-                        atomic_store(&in->pt_id, id);
-                        in->pt_opens++;
-                        in->cache_ok = false;
-                }
         }
         pthread_mutex_unlock(&in->lock);
         if (id)

@@ -167,29 +167,3 @@ def test_a_file_written_in_many_writes_is_probed_for_capabilities_once(kfs):
     d = delta(before, requests(m))
     assert d.get("WRITE") == 16, d
     assert d.get("GETXATTR", 0) - 2 <= 1, f"16 writes sent {d}"  # 2: our own reading of the counters
-
-
-def test_a_publication_costs_no_capability_probe(kfs):
-    """temp + write + rename, as runtimes publish: LOOKUP (the temp name), CREATE, WRITE, LOOKUP (the final
-    name), RENAME, and RELEASE in the background. A file CREATE made is opened in passthrough mode with
-    FOPEN_DIRECT_IO (passthrough.c, CREATED FILES), whose writes the kernel sends without first asking
-    for security.capability (a GETXATTR round trip before the first write of each new file)."""
-    m = kfs({})
-    if os.getxattr(m.mnt, "user.kcachefs.passthrough").decode() != "on":
-        pytest.skip("no passthrough here")
-    os.mkdir(m.path("d"))
-    data = os.urandom(256 << 10)
-    before = requests(m)
-    for i in range(10):
-        fd = os.open(m.path(f"d/k{i}.tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        assert os.write(fd, data) == len(data)
-        os.close(fd)
-        os.rename(m.path(f"d/k{i}.tmp"), m.path(f"d/k{i}"))
-    wait_for(lambda: requests(m).get("RELEASE", 0) - before.get("RELEASE", 0) >= 10, what="the RELEASEs")
-    d = delta(before, requests(m))
-    d["GETXATTR"] = d.get("GETXATTR", 0) - 2  # our own reading of the counters
-    sync = {k: v for k, v in d.items() if k not in SYNC_FREE and v}
-    assert sync == {"LOOKUP": 20, "CREATE": 10, "WRITE": 10, "RENAME": 10}, f"10 publications sent {d}"
-    for i in range(10):
-        with open(m.path(f"d/k{i}"), "rb") as f:
-            assert f.read() == data
