@@ -108,3 +108,34 @@ def test_the_writeback_margin_is_given_back(kfs):
         f.write(b"l" * (free // 4096 * 4096))
     assert int(os.getxattr(m.mnt, "user.kcachefs.evicted_files")) == evicted, "the margins were never given back"
     exact(m, "extent blocks allocated at writeback")
+
+
+def test_the_limit_holds_through_a_shared_writable_mapping(kfs):
+    """A new file mapped shared and writable: the pages written through the mapping reach the backing file
+    only through the daemon (WRITE requests at writeback, each reserved), never by a mapping of the
+    backing file itself, which would allocate what no reservation saw. (A created file in passthrough mode
+    with a read-write backing file broke this: 8 MiB on the disk under a 1 MiB limit.)"""
+    import mmap
+    m = kfs({"max_size": "1M"})
+    fd = os.open(m.path("mapped"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.ftruncate(fd, 8 << 20)
+        try:
+            mm = mmap.mmap(fd, 8 << 20, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError:
+            mm = None  # refusing the mapping keeps the limit too
+        if mm is not None:
+            for off in range(0, 8 << 20, 4096):
+                mm[off] = 1
+            try:
+                mm.flush()  # writeback: the daemon refuses what does not fit (ENOSPC)
+            except OSError:
+                pass
+            mm.close()
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+    finally:
+        os.close(fd)
+    m.assert_within(1 << 20)
