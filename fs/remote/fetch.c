@@ -45,6 +45,14 @@ bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h)
         return yes;
 }
 
+void kfs_remote_forget_all(struct kfs_remote *r)
+{
+        pthread_mutex_lock(&r->neg_lock);
+        kmap_free(&r->neg);
+        kmap_init(&r->neg);
+        pthread_mutex_unlock(&r->neg_lock);
+}
+
 void kfs_remote_remember(struct kfs_remote *r, uint64_t h)
 {
         pthread_mutex_lock(&r->neg_lock);
@@ -69,11 +77,13 @@ redisReply *kfs_remote_get(struct kfs_remote *r, const char *key, unsigned ms)
                 else
                         atomic_fetch_add(&r->errors, 1);
                 kfs_remote_conn_failed(r, c);
+                errno = EIO;
                 return NULL;
         }
         if (rep->type != REDIS_REPLY_STRING && rep->type != REDIS_REPLY_NIL) {
                 atomic_fetch_add(&r->errors, 1); /* an error reply: NOAUTH, NOPERM (an ACL), ... */
                 freeReplyObject(rep);
+                errno = EACCES;
                 return NULL;
         }
         return rep;
@@ -400,6 +410,8 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
          * remembered on their own. Only a miss in the asker's own, asked now, may join the herd there. */
         struct kfs_remote_ns ns;
         kfs_remote_own_ns(r, a.uid, path, &ns);
+        char own_ns[sizeof(ns.s)];
+        memcpy(own_ns, ns.s, sizeof(own_ns));
         int ret = -ENOENT;
         bool asked = false, found = false;
         char *own_key = NULL; /* the own namespace's key, when it missed now */
@@ -408,8 +420,8 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
                         memcpy(ns.s, r->trusted[i - 1], sizeof(ns.s));
                         ns.trusted = true;
                         kfs_remote_ns_home(&ns, a.uid, path);
-                        if (!strcmp(ns.s, r->publish))
-                                continue; /* a publisher's mount that trusts its own namespace: asked first */
+                        if (!strcmp(ns.s, own_ns))
+                                continue; /* the publisher, trusting its own namespace: asked first */
                 }
                 char *key = kfs_remote_key(ns.s, kfs_remote_ns_path(&ns, path));
                 if (!key)
@@ -420,7 +432,11 @@ int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int 
                 }
                 asked = true;
                 redisReply *rep = kfs_remote_get(r, key, r->timeout_ms);
-                if (!rep) { /* down, slow or refused: a miss remembered by neither us nor the kernel (it may be back) */
+                if (!rep && errno == EACCES) {
+                        /* refused there (an ACL: on a publishing node, a user's own namespace is not the
+                         * publisher's credentials' to read): counted, remembered, and the next is asked */
+                        kfs_remote_remember(r, kfs_remote_hash(0, key));
+                } else if (!rep) { /* down or slow: a miss remembered by neither us nor the kernel (it may be back) */
                         ret = KFS_REMOTE_UNSURE;
                 } else if (rep->type == REDIS_REPLY_NIL) {
                         if (i == 0) {

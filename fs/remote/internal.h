@@ -149,6 +149,9 @@ int kfs_remote_take(struct kfs *fs, const struct kfs_asker *a, const struct kfs_
                     const char *key, redisReply *rep);
 bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h);
 void kfs_remote_remember(struct kfs_remote *r, uint64_t h);
+/* Forgets every remembered miss: a unit published here may be one of them (for another user of this
+ * node, who reads the namespace it went to: a publisher's). Publications are rare; the GETs it costs, few. */
+void kfs_remote_forget_all(struct kfs_remote *r);
 
 /* herd.c: key missed. -ENOENT (a miss), 0 (published meanwhile, and made here), KFS_REMOTE_UNSURE (this
  * node compiles it), or KFS_REMOTE_PARKED (another node does: req is answered later; path and key are the

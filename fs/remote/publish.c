@@ -394,6 +394,8 @@ static int publish_one(struct kfs *fs, const char *path)
                         size_t n = 0;
                         if (c)
                                 store_markers(c, ns.s, &u, &n);
+                        if (c && first)
+                                kfs_remote_forget_all(r);
                         bool ok = true;
                         for (size_t i = 0; i < n; i++) {
                                 redisReply *m = NULL;

@@ -183,10 +183,12 @@ int kfs_remote_namespaces(const struct kfs *fs, uid_t uid, char *buf, size_t siz
         struct kfs_remote_ns ns;
         kfs_remote_own_ns(r, geteuid() == 0 ? uid : geteuid(), "", &ns); /* as kfs_remote_asker */
         int n = snprintf(buf, size, REMOTE_KEY_PREFIX "%s:", ns.s);
-        for (unsigned i = 0; n >= 0 && i < r->ntrusted; i++)
-                if (strcmp(r->trusted[i], r->publish))
-                        n += snprintf(buf + ((size_t)n < size ? (size_t)n : size), (size_t)n < size ? size - (size_t)n : 0,
-                                      " " REMOTE_KEY_PREFIX "%s:", r->trusted[i]);
+        for (unsigned i = 0; n >= 0 && i < r->ntrusted; i++) {
+                if (!strcmp(r->trusted[i], ns.s))
+                        continue; /* the publisher, trusting its own namespace: asked first */
+                size_t at = (size_t)n < size ? (size_t)n : size;
+                n += snprintf(buf + at, size - at, " " REMOTE_KEY_PREFIX "%s:", r->trusted[i]);
+        }
         return n;
 }
 

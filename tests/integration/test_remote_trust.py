@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import ensure_user, wait_for
-from test_cli_kcache import kcache
+from test_cli_kcache import kcache, kcache_bin
 from test_remote import (LOAD, STORE, acl_redis, auth_file, node, num, pocl_program, published,  # noqa: F401
                          redis)
 from test_security_multiuser import as_user
@@ -246,3 +246,26 @@ def test_real_pocl_a_publishers_programs_compile_for_nobody_else(kfs, acl_redis,
         assert "Writing program.bc" not in trace, f"{u.pw_name} compiled a program the publisher had published"
         assert "Built a specialized WG function" not in trace, f"{u.pw_name} built a kernel the publisher had"
     assert num(a, "remote_trusted_hits") == 4 and num(a, "remote_errors") == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
+def test_other_users_of_a_publishing_node_read_the_publishers_namespace(kfs, acl_redis, workdir):
+    """On the CI node itself (remote_publish=ci, remote_publisher=the CI account, remote_trusted=ci), another
+    user's own namespace is theirs (u<uid>), and the publisher's is trusted after it: alice loads what the CI
+    account published, as her own files, and kcache remote says both namespaces. (Before, the publisher's
+    namespace was skipped for everybody on such a mount, as if it were each user's own; her own namespace,
+    which the publisher's ACL user may not read, ended the lookup as if the server were down; and the
+    publisher's own misses of those names, remembered while it compiled, hid them from her.)"""
+    d, _ = workdir
+    ci, alice = ensure_user("kcfs-ci"), ensure_user("kcfs-alice")
+    pub = shared(kfs, acl_redis, remote_publish="ci", remote_publisher="kcfs-ci", remote_trusted="ci",
+                 remote_auth=auth_file(d, "publisher-ci ci-secret"))
+    assert as_user(ci, STORE, pub.mnt, "ci's kernel") == 0
+    published(pub)
+    # alice's directory on the same node: empty, so her lookup misses locally, in u<alice>, then finds p:ci
+    assert as_user(alice, LOAD, pub.mnt, "ci's kernel") == 0
+    assert num(pub, "remote_trusted_hits") == 1
+    out = subprocess.run(["runuser", "-u", alice.pw_name, "--", kcache_bin(), "remote", "--json", pub.mnt],
+                         capture_output=True, text=True, timeout=30)
+    info = json.loads(out.stdout)
+    assert info["namespace"] == f"kcfs:1:u{alice.pw_uid}:" and info["trusted"] == ["kcfs:1:p:ci:"], info
