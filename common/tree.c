@@ -289,19 +289,26 @@ int ktree_link(const struct ktree *t, int fd, int nfd, const char *nname)
 int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len)
 {
         char todo[2 * PATH_MAX], next[2 * PATH_MAX], target[PATH_MAX], name[NAME_MAX + 1];
+        int e;
         if (path[0] == '/') {
-                snprintf(todo, sizeof(todo), "%s", path);
+                e = snprintf(todo, sizeof(todo), "%s", path) >= (int)sizeof(todo) ? ENAMETOOLONG : 0;
         } else if (!getcwd(todo, PATH_MAX)) {
-                snprintf(why, len, "cannot tell the working directory: %s", strerror(errno));
-                return -errno;
+                e = errno;
+                snprintf(why, len, "cannot tell the working directory: %s", strerror(e));
+                return -e;
         } else {
                 size_t l = strlen(todo);
-                snprintf(todo + l, sizeof(todo) - l, "/%s", path);
+                e = snprintf(todo + l, sizeof(todo) - l, "/%s", path) >= (int)(sizeof(todo) - l) ? ENAMETOOLONG : 0;
+        }
+        if (e) { /* never a walk to a prefix of what was asked */
+                snprintf(why, len, "'%s': %s", path, strerror(e));
+                return -e;
         }
         int cur = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC), r = 0;
         if (cur < 0) {
-                snprintf(why, len, "cannot open /: %s", strerror(errno));
-                return -errno;
+                e = errno;
+                snprintf(why, len, "cannot open /: %s", strerror(e));
+                return -e;
         }
         unsigned links = 0;
         const char *rest = todo;
@@ -328,7 +335,7 @@ int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len)
                 struct stat st;
                 if (fd < 0 || fstat(fd, &st) < 0) {
                         r = -errno;
-                        snprintf(why, len, "'%s' on the way to '%s': %s", name, path, strerror(errno));
+                        snprintf(why, len, "'%s' on the way to '%s': %s", name, path, strerror(-r));
                         if (fd >= 0)
                                 close(fd);
                         break;
@@ -342,7 +349,7 @@ int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len)
                                 break;
                         }
                         ssize_t n = readlinkat(fd, "", target, sizeof(target) - 1);
-                        int e = errno;
+                        e = errno;
                         close(fd);
                         if (n < 0 || ++links > 40) {
                                 r = n < 0 ? -e : -ELOOP;
@@ -350,14 +357,19 @@ int ktree_chase_dir(const char *path, uid_t uid, char *why, size_t len)
                                 break;
                         }
                         target[n] = '\0';
-                        snprintf(next, sizeof(next), "%s/%s", target, rest); /* the link's target, then the rest */
+                        /* the link's target, then the rest; never a prefix of it */
+                        if (snprintf(next, sizeof(next), "%s/%s", target, rest) >= (int)sizeof(next)) {
+                                r = -ENAMETOOLONG;
+                                snprintf(why, len, "'%s' on the way to '%s': %s", name, path, strerror(-r));
+                                break;
+                        }
                         memcpy(todo, next, sizeof(todo));
                         rest = todo;
                         if (target[0] == '/') { /* from "/" again */
                                 int root = open("/", O_PATH | O_DIRECTORY | O_CLOEXEC);
                                 if (root < 0) {
                                         r = -errno;
-                                        snprintf(why, len, "cannot open /: %s", strerror(errno));
+                                        snprintf(why, len, "cannot open /: %s", strerror(-r));
                                         break;
                                 }
                                 close(cur);

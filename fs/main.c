@@ -8,7 +8,7 @@
  *      index, mount, send messages where they go from now on (start_log: -o log=, the journal, syslog
  *      or the fallback file), then tell the parent we are up (and systemd: sd_notify READY=1).
  * SIGHUP re-reads the settings file (-o config=FILE; settings.c) and the mount goes on.
- * At unmount (fusermount3 -u, or SIGTERM/SIGINT) the session ends, the last batch is flushed and
+ * At unmount (fusermount3 -u, or SIGTERM/SIGINT) the FUSE loop ends, the last batch is flushed and
  * the index is marked clean, so the next mount need not rescan. */
 #include <errno.h>
 #include <fcntl.h>

@@ -604,7 +604,11 @@ void kfs_settings_thread(struct kfs *fs)
         /* Made at INIT, once libfuse has its first worker: under a tasks limit (systemd's TasksMax, a pids
          * cgroup) the mount must serve first, as it does with fewer ring threads; only SIGHUP then goes
          * unheard (never libfuse's handler: it would unmount). */
+        sigset_t all, old; /* signals are the main loop's (SIGTERM ends it), SIGHUP's the semaphore's */
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
         int e = pthread_create(&s->thread, NULL, hup_main, fs);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         if (e) {
                 signal(SIGHUP, SIG_IGN);
                 kfs_log(LOG_WARNING, "SIGHUP is ignored: no thread to re-read the settings (%s); kcache set "
