@@ -3,9 +3,9 @@
  * The daemon owns the settings and their checking: config reads the root attribute user.kcachefs.config
  * ("key=value" lines), set writes user.kcachefs.set with the operator's KEY=VALUE lines and, on EINVAL,
  * reads the daemon's reason from set_refusal. A value's backslashes and newlines come escaped (\\, \n:
- * a path may hold a newline); config undoes that, and writes the strings as kcache(1), NAMES says. kcache checks only the form (KEY=VALUE): the values are read
- * and range-checked by the daemon's one checker (fs/options.c kfs_opts_check), as at mount, so that
- * kcache set and -o never disagree. A refused set changes nothing (settings.c S2).
+ * a path may hold a newline); config undoes that, and writes the strings as kcache(1), NAMES says.
+ * kcache checks only the form (KEY=VALUE): the values are read and range-checked by the daemon's one
+ * checker (fs/options.c kfs_opts_check), as at mount, so that kcache set and -o never disagree. A refused set changes nothing (settings.c S2).
  * After a smaller max_size, set waits (--wait, default 5m) while the daemon's background eviction takes
  * the cache down to it, saying its progress from the daemon's own used_bytes. */
 #include <errno.h>
