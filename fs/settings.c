@@ -253,6 +253,26 @@ static FILE *open_checked(const char *path, int *err, char *why, size_t len)
         return f;
 }
 
+/* inih as Debian builds it reads each line into a buffer of INI_MAX_LINE bytes and takes what does not
+ * fit for the next line: a longer line (a long pin list) is refused whole here, never half read. The
+ * number of the first such line, or 0; the file is read again from its start afterwards. */
+static int too_long_line(FILE *in)
+{
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t n;
+        int no = 0, bad = 0;
+        while (!bad && (n = getline(&line, &cap, in)) >= 0) {
+                no++;
+                size_t l = (size_t)n - (n > 0 && line[n - 1] == '\n');
+                if (l > INI_MAX_LINE - 2)
+                        bad = no;
+        }
+        free(line);
+        rewind(in);
+        return bad;
+}
+
 static int read_file(const char *path, struct kfs_opts *o, bool set[NKEYS], char *why, size_t len)
 {
         char what[500] = "";
@@ -261,6 +281,13 @@ static int read_file(const char *path, struct kfs_opts *o, bool set[NKEYS], char
         FILE *in = open_checked(path, &err, why, len);
         if (!in)
                 return err;
+        int long_no = too_long_line(in);
+        if (long_no) {
+                fclose(in);
+                snprintf(why, len, "%s:%d: a line longer than %d bytes (the settings file's parser, libinih, "
+                         "reads no more): give a long value with -o", path, long_no, INI_MAX_LINE - 2);
+                return -EINVAL;
+        }
         errno = 0;
         int r = ini_parse_file(in, on_line, &f);
         int read_errno = ferror(in) ? (errno ? errno : EIO) : 0; /* inih takes a failed read for the end */
