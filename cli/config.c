@@ -75,20 +75,13 @@ static int read_config(const char *mount, char *buf, size_t size)
 
 int kc_cmd_config(const struct kc_verb *v, int argc, char **argv)
 {
-        static const struct option longs[] = { { "json", no_argument, NULL, KC_O_JSON },
-                                                { "help", no_argument, NULL, 'h' }, { 0 } };
-        bool json = false;
-        int c;
-        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
-                if (c != KC_O_JSON)
-                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
-                json = true;
-        }
-        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
-                return KC_EXIT_USAGE;
-        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
+        bool json;
+        const char *mount;
+        int rc = kc_flag_and_mount(v, argc, argv, "json", KC_O_JSON, &json, &mount);
+        if (rc >= 0)
+                return rc;
         static char config[CONFIG_MAX];
-        if (!mount || read_config(mount, config, sizeof(config)))
+        if (read_config(mount, config, sizeof(config)))
                 return KC_EXIT_FAILED;
         json_object *o = json ? json_object_new_object() : NULL;
         if (json && !o)

@@ -82,6 +82,23 @@ const char *kc_mount_or_default(const char *given)
         return kc_check_mount(mount) ? NULL : mount;
 }
 
+int kc_flag_and_mount(const struct kc_verb *v, int argc, char **argv, const char *name, int id, bool *flag,
+                      const char **mount)
+{
+        const struct option longs[] = { { name, no_argument, NULL, id }, { "help", no_argument, NULL, 'h' }, { 0 } };
+        int c;
+        *flag = false;
+        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
+                if (c != id)
+                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
+                *flag = true;
+        }
+        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
+                return KC_EXIT_USAGE;
+        *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
+        return *mount ? -1 : KC_EXIT_FAILED;
+}
+
 /* Checks that mount is the root of a kcachefs mount; prints the error itself. */
 static int kc_check_mount(const char *mount)
 {
@@ -183,20 +200,11 @@ static int kc_cmd_zero(const struct kc_verb *v, int argc, char **argv)
  * this node's counters. A mount without one: said, rc 1. */
 static int kc_cmd_remote(const struct kc_verb *v, int argc, char **argv)
 {
-        static const struct option longs[] = { { "json", no_argument, NULL, KC_O_JSON },
-                                                { "help", no_argument, NULL, 'h' }, { 0 } };
-        bool json = false;
-        int c;
-        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
-                if (c != KC_O_JSON)
-                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
-                json = true;
-        }
-        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
-                return KC_EXIT_USAGE;
-        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
-        if (!mount)
-                return KC_EXIT_FAILED;
+        bool json;
+        const char *mount;
+        int rc = kc_flag_and_mount(v, argc, argv, "json", KC_O_JSON, &json, &mount);
+        if (rc >= 0)
+                return rc;
         char where[1024];
         if (kc_get(mount, "remote", where, sizeof(where)) <= 0)
                 return kc_fail("%s: no shared tier (mounted without -o remote=)", mount);

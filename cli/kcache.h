@@ -24,6 +24,11 @@ int kc_set_watched(const char *mount, const char *attr, const char *value,
 /* The mount given, or the default ($KCACHEFS_MOUNT, else ~/.cache/kcachefs/mnt), once it is checked to
  * be the root of a kcachefs mount; NULL once the error is said. */
 const char *kc_mount_or_default(const char *given);
+/* The command line of a verb whose only option is one flag (--NAME, of value id) and whose operand is an
+ * optional MOUNT (config, remote, verify): *flag whether it was given, *mount as kc_mount_or_default.
+ * -1 to go on, or the exit status (the help, bad usage, or no mount). */
+int kc_flag_and_mount(const struct kc_verb *v, int argc, char **argv, const char *name, int id, bool *flag,
+                      const char **mount);
 /* The hint an -EPERM or -EACCES of the daemon deserves, else "". */
 const char *kc_perm_hint(int e);
 

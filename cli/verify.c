@@ -284,21 +284,11 @@ static int kc_repair_with_progress(const char *mount)
 
 int kc_cmd_verify(const struct kc_verb *v, int argc, char **argv)
 {
-        static const struct option longs[] = {
-                { "repair", no_argument, NULL, KC_O_REPAIR }, { "help", no_argument, NULL, 'h' }, { 0 },
-        };
-        bool repair = false;
-        int c;
-        while ((c = kc_opt(v, argc, argv, "", longs)) != -1) {
-                if (c != KC_O_REPAIR)
-                        return c == KC_OPT_HELP ? KC_EXIT_OK : KC_EXIT_USAGE;
-                repair = true;
-        }
-        if (kc_operands(v, argc, argv, 0, 1, "MOUNT"))
-                return KC_EXIT_USAGE;
-        const char *mount = kc_mount_or_default(optind < argc ? argv[optind] : NULL);
-        if (!mount)
-                return KC_EXIT_FAILED;
+        bool repair;
+        const char *mount;
+        int rc = kc_flag_and_mount(v, argc, argv, "repair", KC_O_REPAIR, &repair, &mount);
+        if (rc >= 0)
+                return rc;
         /* The walk holds a descriptor per level of the tree: as deep as the hard limit allows. */
         struct rlimit rl;
         if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
