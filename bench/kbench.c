@@ -105,25 +105,11 @@ static void populate(const char *dir)
         }
 }
 
-static void read_all(const char *dir)
-{
-        char p[4096], *b = buffer();
-        for (int i = 0; i < N_FILES; i++) {
-                file_path(p, sizeof(p), dir, i);
-                int fd = open(p, O_RDONLY);
-                if (fd < 0)
-                        die("open", p);
-                ssize_t n;
-                while ((n = read(fd, b, 1 << 20)) > 0)
-                        ;
-                if (n < 0)
-                        die("read", p);
-                close(fd);
-        }
-}
+/* How each file's size is taken before it is read to the end: not at all (open, read, close), by fstat
+ * (a runtime's hit), or by lseek(SEEK_END) and back (NEO's). A size taken must match what was read. */
+enum size_by { SIZE_NONE, SIZE_FSTAT, SIZE_LSEEK };
 
-/* neo: the size from lseek(SEEK_END), as NEO does, rather than fstat. */
-static void hit_all(const char *dir, int neo)
+static void read_all(const char *dir, enum size_by how)
 {
         char p[4096], *b = buffer();
         for (int i = 0; i < N_FILES; i++) {
@@ -131,13 +117,13 @@ static void hit_all(const char *dir, int neo)
                 int fd = open(p, O_RDONLY);
                 if (fd < 0)
                         die("open", p);
-                off_t size;
+                off_t size = -1;
                 struct stat st;
-                if (neo) {
+                if (how == SIZE_LSEEK) {
                         size = lseek(fd, 0, SEEK_END);
                         if (size < 0 || lseek(fd, 0, SEEK_SET) < 0)
                                 die("lseek", p);
-                } else {
+                } else if (how == SIZE_FSTAT) {
                         if (fstat(fd, &st) < 0)
                                 die("fstat", p);
                         size = st.st_size;
@@ -146,7 +132,7 @@ static void hit_all(const char *dir, int neo)
                 ssize_t n;
                 while ((n = read(fd, b, 1 << 20)) > 0)
                         got += n;
-                if (n < 0 || got != size)
+                if (n < 0 || (how != SIZE_NONE && got != size))
                         die("read", p);
                 close(fd);
         }
@@ -224,9 +210,9 @@ int main(int argc, char **argv)
         if (!strcmp(op, "populate")) {
                 populate(dir);
         } else if (!strcmp(op, "read")) {
-                read_all(dir);
+                read_all(dir, SIZE_NONE);
         } else if (!strcmp(op, "hit") || !strcmp(op, "neohit")) {
-                hit_all(dir, !strcmp(op, "neohit"));
+                read_all(dir, !strcmp(op, "neohit") ? SIZE_LSEEK : SIZE_FSTAT);
         } else if (!strcmp(op, "stat")) {
                 stat_all(dir);
         } else if (!strcmp(op, "readdir") || !strcmp(op, "walkstat")) {
@@ -281,7 +267,7 @@ int main(int argc, char **argv)
                 int p = atoi(argv[3]);
                 for (int i = 0; i < p; i++)
                         if (fork() == 0) {
-                                read_all(dir);
+                                read_all(dir, SIZE_NONE);
                                 _exit(0);
                         }
                 int st, bad = 0;
