@@ -21,6 +21,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
+def kcache_bin():
+    """The kcache of the build under test: $KCACHE_BIN, else $KCACHE_BUILD's (run-tests: build-asan in its
+    ASan pass), else build/."""
+    return os.environ.get("KCACHE_BIN") or os.path.join(ROOT, os.environ.get("KCACHE_BUILD", "build"), "kcache")
+
+
 def kcachefs_bin():
     b = os.environ.get("KCACHEFS_BIN")
     if b:

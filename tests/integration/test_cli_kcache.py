@@ -6,22 +6,18 @@ import subprocess
 
 import pytest
 
-from conftest import ROOT, backing_files, ensure_user, wait_for
+from conftest import backing_files, ensure_user, kcache_bin, wait_for
 
 K = 1024
 
 
-def kcache_bin():
-    return os.environ.get("KCACHE_BIN") or os.path.join(ROOT, "build", "kcache")
-
-
-def kcache(*args, check=True, user=None):
+def kcache(*args, check=True, user=None, timeout=60):
     cmd = [kcache_bin(), *args]
     if user:
         cmd = ["runuser", "-u", user, "--"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if check:
-        assert p.returncode == 0, p.stderr
+        assert p.returncode == 0, p.stdout + p.stderr
     return p
 
 

@@ -15,22 +15,14 @@ import time
 import pytest
 
 from conftest import ROOT, backing_bytes, ensure_user, kcachefs_bin, private_dir, wait_for
+from test_cli_kcache import kcache as cli_kcache
 
 K, M = 1024, 1024 * 1024
 
 
-def kcache_bin():
-    return os.environ.get("KCACHE_BIN") or os.path.join(ROOT, os.environ.get("KCACHE_BUILD", "build"), "kcache")
-
-
-def kcache(*args, check=True, user=None):
-    cmd = [kcache_bin(), *args]
-    if user:
-        cmd = ["runuser", "-u", user, "--"] + cmd
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if check:
-        assert p.returncode == 0, p.stdout + p.stderr
-    return p
+def kcache(*args, **kw):
+    """test_cli_kcache's, with room for kcache set --wait under ASan."""
+    return cli_kcache(*args, timeout=120, **kw)
 
 
 def config(m):
@@ -358,5 +350,5 @@ def test_a_settings_line_longer_than_the_parser_reads_is_refused_whole(kfs, work
     conf = settings_file(d, f"max_size = 8M\npin = {pins}\n")
     m = kfs({"config": conf}, start=False)
     p = m.start(check=False)
-    assert p.returncode != 0 and f"kcachefs.conf:2: a line longer than 198 bytes" in p.stderr, p.stderr
+    assert p.returncode != 0 and "kcachefs.conf:2: a line longer than 198 bytes" in p.stderr, p.stderr
     assert not os.path.ismount(m.mnt)

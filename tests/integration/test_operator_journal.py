@@ -36,15 +36,22 @@ def journal_fields(data):
     return fields
 
 
-@needs_root
-def test_a_detached_daemon_logs_to_the_journal_with_priority_and_mount(workdir):
-    d, cleanup = workdir
-    b, m, jdir = os.path.join(private_dir(d), "b"), os.path.join(d, 'm "q'), os.path.join(d, "journal")
+def journal_place(d, mount_name):
+    """A backing directory, a mount point named mount_name and a directory whose socket plays the journal's
+    (bound here, read with a 30 s deadline), for a mount namespace to bind over /run/systemd/journal."""
+    b, m, jdir = os.path.join(private_dir(d), "b"), os.path.join(d, mount_name), os.path.join(d, "journal")
     for p in (b, m, jdir):
         os.makedirs(p)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     sock.bind(os.path.join(jdir, "socket"))
     sock.settimeout(30)
+    return b, m, jdir, sock
+
+
+@needs_root
+def test_a_detached_daemon_logs_to_the_journal_with_priority_and_mount(workdir):
+    d, cleanup = workdir
+    b, m, jdir, sock = journal_place(d, 'm "q')
     # /run is a tmpfs of the namespace's own; the daemon lives there and is unmounted there.
     script = ('mount -t tmpfs tmpfs /run && mkdir -p /run/systemd/journal && '
               'mount --bind "$1" /run/systemd/journal && "$2" -o max_size=4M "$3" "$4" && umount "$4"')
@@ -73,14 +80,9 @@ def test_under_systemd_in_the_foreground_messages_go_to_the_journal_and_ready_is
     their fields rather than down the stream, and systemd hears READY=1 once it serves, STOPPING=1 at the
     unmount (sd_notify)."""
     d, cleanup = workdir
-    b, m, jdir = os.path.join(private_dir(d), "b"), os.path.join(d, "m"), os.path.join(d, "journal")
-    for p in (b, m, jdir):
-        os.makedirs(p)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    sock.bind(os.path.join(jdir, "socket"))
+    b, m, jdir, sock = journal_place(d, "m")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(os.path.join(d, "notify"))
-    sock.settimeout(30)
     notify.settimeout(30)
     r, w = os.pipe()
     st = os.fstat(w)

@@ -10,13 +10,9 @@ import subprocess
 
 import pytest
 
-from conftest import Mount, ROOT, mount_tmpfs, private_dir
+from conftest import Mount, kcache_bin, mount_tmpfs, private_dir
 
 ODD = 'odd "q\\b\nl\udcffz'  # a quote, a backslash, a newline and a byte that is not UTF-8 (surrogateescape)
-
-
-def kcache_bin():
-    return os.environ.get("KCACHE_BIN") or os.path.join(ROOT, "build", "kcache")
 
 
 def kcache(*args, check=True, **kw):

@@ -3,7 +3,6 @@ SIGHUP, and it says where root writes (index, log, backing) and what every user'
 pin...). So, as sshd's StrictModes, a file that another user can write, or replace through a directory
 above it, is refused: the mount fails saying which file or directory to fix, and SIGHUP logs the refusal
 and keeps every setting. The other user here is a real account writing through its own rights."""
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import ensure_user, wait_for
-from test_live_settings import M, kcache
+from test_live_settings import M, config
 from test_security_multiuser import as_user
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create users")
@@ -23,8 +22,11 @@ ALICE_REPLACES = ("t = sys.argv[1] + '.new'\nwith open(t, 'w') as f:\n    f.writ
                   "os.rename(t, sys.argv[1])")
 
 
-def config(m):
-    return json.loads(kcache("config", "--json", m.mnt).stdout)
+def root_etc(d, name="kcachefs.conf", text="max_size = 8M\n"):
+    """A directory of root's (0755) in d, and a settings file of root's in it: (the directory, the file)."""
+    sub = os.path.join(d, "etc")
+    os.mkdir(sub, 0o755)
+    return sub, root_file(os.path.join(sub, name), text)
 
 
 def root_file(path, text="max_size = 8M\n", mode=0o644):
@@ -41,9 +43,7 @@ def root_file(path, text="max_size = 8M\n", mode=0o644):
 def test_a_settings_file_another_user_can_change_refuses_the_mount(kfs, workdir, how):
     d = workdir[0]
     alice = ensure_user("kcfs-alice")
-    sub = os.path.join(d, "etc")
-    os.mkdir(sub, 0o755)
-    conf = root_file(os.path.join(sub, "kcachefs.conf"))
+    sub, conf = root_etc(d)
     if how == "file of alice":
         os.chown(conf, alice.pw_uid, alice.pw_gid)
         culprit, words = conf, "belongs to uid %d" % alice.pw_uid
@@ -97,9 +97,7 @@ def test_a_symlink_to_the_settings_file_is_resolved_once_at_mount(kfs, workdir):
 def test_sighup_refuses_a_settings_file_another_user_can_change(kfs, workdir, how):
     d = workdir[0]
     alice = ensure_user("kcfs-alice")
-    sub = os.path.join(d, "etc")
-    os.mkdir(sub, 0o755)
-    conf = root_file(os.path.join(sub, "kcachefs.conf"))
+    sub, conf = root_etc(d)
     log = os.path.join(d, "kcachefs-messages.log")
     m = kfs({"config": conf, "log": log})
     before, pid = config(m), m.pid()
@@ -133,9 +131,7 @@ def test_the_units_prepare_step_refuses_a_settings_file_another_user_can_change(
     alice = ensure_user("kcfs-alice")
     unit = open(os.path.join(CONTRIB, "systemd", "kcachefs@.service.in")).read()
     pre = dict(re.findall(r"^(Exec\w+)=(.*)$", unit, re.M))["ExecStartPre"]
-    sub = os.path.join(d, "etc")
-    os.mkdir(sub, 0o755)
-    conf = root_file(os.path.join(sub, "inst.conf"), "max_size = 10G\n")
+    sub, conf = root_etc(d, "inst.conf", "max_size = 10G\n")
     if how == "file of alice":
         os.chown(conf, alice.pw_uid, alice.pw_gid)
         assert as_user(alice, "open(sys.argv[1], 'a').write('backing = ' + sys.argv[2] + '\\n')", conf,
