@@ -21,7 +21,7 @@ static const char *const lock_keep[] = { "lock", NULL };                /* the b
 /* What compiles leave (outputs): the names a lookup may wait for while another node compiles them. */
 static const char *const neo_out[] = { "*.cl_cache", "*.l0_cache", "*.ocloc_cache", NULL };
 static const char *const sycl_out[] = { "*.bin", "*.src", NULL };
-static const char *const pocl_out[] = { "program.bc", "*.so", "*.o", NULL };
+static const char *const pocl_out[] = { "program.bc", "parallel.bc", "*.so", "*.o", NULL }; /* parallel.bc: a kernel's WG function */
 static const char *const triton_out[] = { "*.json", "*.cubin", "*.ptx", "*.hsaco", "*.so", "*.ttir", "*.ttgir",
                                           "*.llir", "*.amdgcn", NULL };
 static const char *const jax_out[] = { "*-cache", NULL };

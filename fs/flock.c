@@ -93,6 +93,16 @@ pid_t kfs_tgid_of(pid_t tid)
         return t ? (pid_t)atoi(t + 6) : 0;
 }
 
+pid_t kfs_ppid_of(pid_t pid)
+{
+        char buf[1024];
+        if (pid <= 0 || read_proc(pid, "stat", buf, sizeof(buf)) <= 0)
+                return 0;
+        const char *p = strrchr(buf, ')'); /* the name may hold anything */
+        int ppid = 0;
+        return p && sscanf(p + 1, " %*c %d", &ppid) == 1 ? (pid_t)ppid : 0; /* after the name: state, ppid */
+}
+
 uint64_t kfs_proc_start(pid_t pid)
 {
         if (pid <= 0)

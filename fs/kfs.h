@@ -473,6 +473,8 @@ void kfs_settle_stop(struct kfs *fs);
 /* flock.c */
 /* The process a thread belongs to (requests carry thread ids), or 0. */
 pid_t kfs_tgid_of(pid_t tid);
+/* The parent of process pid, or 0. */
+pid_t kfs_ppid_of(pid_t pid);
 /* When process pid started (clock ticks since boot, /proc/PID/stat), or 0 if there is no such process. */
 uint64_t kfs_proc_start(pid_t pid);
 /* Whether a thread of process pid (a thread id, as requests carry) holds a flock on bino through us. */

@@ -179,12 +179,20 @@ void kfs_op_lookup(fuse_req_t req, fuse_ino_t parent, const char *name)
                 kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* the lookup's reference: not replied */
                 r = -ENOENT;
         }
+        if (r == 0 && fs->remote && kfs_remote_herd_join(fs, req, dir, name) == KFS_REMOTE_PARKED) {
+                kfs_inode_unref(fs, kfs_inode_get(fs, e.ino), 1); /* this lookup's reference: not replied */
+                return; /* a walk told to look again: answered once this node's compile is done (herd.c) */
+        }
         double neg = kfs_remote_negative_timeout(fs, fs->o.timeout); /* another node may store it */
         if (r == -ENOENT && fs->remote && !kfs_stale(dir)) { /* the shared tier may have it (remote/fetch.c) */
                 int dfd = kfs_inode_fd(fs, dir);
                 int f = dfd >= 0 ? kfs_remote_fetch(fs, req, dir, dfd, name) : -ENOENT; /* gives dfd back */
                 if (f == KFS_REMOTE_PARKED)
                         return; /* another node compiles it: answered once it is there (remote/herd.c) */
+                if (f == KFS_REMOTE_RETRY) {
+                        fuse_reply_err(req, ESTALE); /* another process here compiles it (remote/herd.c, H7) */
+                        return;
+                }
                 if (f == 0)
                         r = kfs_do_lookup(fs, dir, name, &e);
                 else if (f == KFS_REMOTE_UNSURE)

@@ -77,6 +77,7 @@ int kfs_remote_init(struct kfs *fs)
         pthread_mutex_init(&r->herd.lock, NULL);
         pthread_cond_init(&r->herd.cond, NULL);
         kmap_init(&r->herd.mine);
+        kmap_init(&r->herd.invites);
         r->herd_ms = (unsigned)(fs->o.herd_wait * 1000);
         kmap_init(&r->touched);
         r->touch_s = fs->o.remote_touch_s;

@@ -116,6 +116,8 @@ struct kfs_inode;
 #define KFS_REMOTE_PARKED 1 /* kfs_remote_fetch: the lookup is answered later (herd.c) */
 #define KFS_REMOTE_UNSURE 2 /* kfs_remote_fetch: a miss the kernel must not remember: this node compiles it
                                first (herd.c), or the server did not answer (it may have it a moment later) */
+#define KFS_REMOTE_RETRY 3  /* kfs_remote_fetch: answer ESTALE, so that the kernel walks the path again and
+                               the walk waits at the unit's directory for this node's compile (herd.c, H7) */
 
 struct kfs_remote_counts {
         uint64_t hits;          /* lookups served a unit from the server */
@@ -155,6 +157,10 @@ void kfs_remote_free(struct kfs *fs);
  * is answered by another thread, maybe before this returns: neither req nor dir may be used after).
  * dfd, dir's descriptor borrowed with kfs_inode_fd(), is given back before it returns. No lock held. */
 int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
+/* A lookup of name in dir that found it: KFS_REMOTE_PARKED where it is the walk of a process told to look
+ * again (KFS_REMOTE_RETRY) reaching the directory of the unit compiled on this node, answered once that
+ * compile is done (herd.c, H7); 0 otherwise: answer it now. One atomic load when nobody was told. */
+int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name);
 /* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
  * another node may publish the name. */
 double kfs_remote_negative_timeout(const struct kfs *fs, double timeout);
