@@ -457,6 +457,99 @@ def test_eight_processes_on_four_nodes_missing_one_program_compile_it_once(kfs, 
         assert "matches" in kcache("verify", m.mnt).stdout
 
 
+# One node's processes (fs/remote/herd.c, H7): a "compile" that misses program.bc, then stores it when told
+COMPILE = """
+import os, sys
+d = sys.argv[1]
+os.makedirs(d, exist_ok=True)
+assert not os.path.exists(os.path.join(d, 'program.bc'))  # the miss: this process marks it, and compiles
+print('marked', flush=True)
+sys.stdin.readline()
+tmp = os.path.join(os.path.dirname(os.path.dirname(d)), 'tempfile_x.bc')  # PoCL's temp, in the root
+with open(tmp, 'wb') as f:
+    f.write(b'BC' * 1000)
+os.rename(tmp, os.path.join(d, 'program.bc'))
+print('stored', flush=True)
+"""
+# Another process of the node probing it as PoCL does (a path walked from the top), or through a directory
+# it holds open; what it got, and how long it took.
+PROBE = """
+import os, sys, time
+d, how = sys.argv[1], sys.argv[2]
+t0 = time.monotonic()
+try:
+    if how == 'path':
+        r = os.stat(os.path.join(d, 'program.bc')).st_size
+    else:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        r = os.stat('program.bc', dir_fd=fd).st_size
+except OSError as e:
+    r = e.errno
+print(r, time.monotonic() - t0, flush=True)
+"""
+
+
+def one_node_herd(kfs, redis):
+    m = node(kfs, redis, herd_wait="60")
+    d = os.path.join(m.path("pocl"), "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklmn")
+    compiler = subprocess.Popen(["python3", "-c", COMPILE, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                text=True)
+    assert compiler.stdout.readline().strip() == "marked"
+    return m, d, compiler
+
+
+def probe(d, how="path"):
+    return subprocess.Popen(["python3", "-c", PROBE, d, how], stdout=subprocess.PIPE, text=True)
+
+
+def probed(p):
+    out, _ = p.communicate(timeout=90)
+    r, took = out.split()
+    return int(r), float(took)
+
+
+def test_a_process_of_the_compiling_node_waits_for_that_compile(kfs, redis):
+    """While one process compiles, another process of the same node that probes the output waits for it
+    (where it holds no directory lock: the compile's rename into the very directory goes through), and
+    then finds it; it never compiles it too."""
+    m, d, compiler = one_node_herd(kfs, redis)
+    waiter = probe(d)
+    time.sleep(1)
+    assert waiter.poll() is None, "the second process did not wait for the compile"
+    compiler.stdin.write("go\n")
+    compiler.stdin.flush()
+    assert compiler.stdout.readline().strip() == "stored"  # its stores were not held off by the waiter
+    assert compiler.wait(timeout=30) == 0
+    size, took = probed(waiter)
+    assert size == 2000 and took >= 0.5, (size, took)  # it waited for the store
+    assert num(m, "herd_waits") == 1 and num(m, "herd_served") == 1 and num(m, "herd_gave_up") == 0
+    assert "matches" in kcache("verify", m.mnt).stdout
+
+
+def test_a_compile_killed_on_the_node_sends_its_waiters_to_compile_at_once(kfs, redis):
+    """The compiling process killed: the waiting one is answered a miss (never ESTALE) well before
+    herd_wait, and compiles."""
+    m, d, compiler = one_node_herd(kfs, redis)
+    waiter = probe(d)
+    time.sleep(0.5)
+    assert waiter.poll() is None
+    compiler.kill()
+    compiler.wait(timeout=30)
+    r, took = probed(waiter)
+    assert r == errno.ENOENT and took < 10, (r, took)
+    assert num(m, "herd_gave_up") == 1
+
+
+def test_a_probe_through_an_open_directory_is_a_miss_at_once(kfs, redis):
+    """A process that probes through a directory it holds open walks nothing again: its retry is an
+    ordinary miss, never an ESTALE that would reach it, and it does not wait."""
+    m, d, compiler = one_node_herd(kfs, redis)
+    r, took = probed(probe(d, "dirfd"))
+    assert r == errno.ENOENT and took < 5, (r, took)
+    compiler.kill()
+    compiler.wait(timeout=30)
+
+
 def test_a_herd_whose_compile_dies_compiles_after_herd_wait(kfs, redis):
     """A mark whose compile never stores anything (the process died) holds the others for herd_wait at
     most, then they compile: never a hang."""
