@@ -14,6 +14,13 @@
  *      on the node that compiles would hold off the compile it waits for, until herd_wait. So the marks
  *      this node set are remembered (mine), with the process that compiles, and its lookups (and those of
  *      the processes it started: a linker) are a miss at once.
+ *   H6 Only a mark that ends within herd_wait is waited for: one without a life (not a node's: written
+ *      by hand, or by a client the server's ACLs should have kept out) would hold every lookup of the
+ *      name for herd_wait, again and again.
+ *   H5 A mark won is checked against the unit once more: a compile elsewhere may have been published (its
+ *      unit stored, then its mark deleted) between our GET and our SET, and is then fetched, not done
+ *      again. The publisher stores the unit before it deletes the marks, so a mark won after the
+ *      deletion finds the unit.
  *   H7 Another process of this node that looks the output up while it is compiled here waits where it
  *      holds no directory lock (ONE NODE, below): it is told ESTALE once, the kernel walks its path again
  *      asking for every directory on the way (LOOKUP_REVAL), and that walk's lookup of the unit's own
@@ -26,20 +33,15 @@
  * directory the kernel already knows revalidates it (d_revalidate, a LOOKUP request) holding no lock at
  * all, and an ESTALE from a lookup makes the kernel walk the whole path again in that way
  * (filename_lookup, do_filp_open and the syscalls' retry_estale: open, stat, access, rename alike). So the
- * process told ESTALE (an invite, keyed by its thread id) is parked at its unit's directory, above the
- * directory the compile stores into. Only units with a directory of their own are waited for so
- * (PoCL's program directory, Triton's key directory: units.c); JAX's files side by side in one directory
- * have none above their output, and there two processes of one node may both compile. A process that
- * holds a lock of its own across its lookup and its compile (libkcache, the OpenCL layer: client/lock.c)
- * never gets here. Runtimes that find an entry by opening a name relative to a directory they hold open
- * walk nothing again: their second lookup is a miss, and they compile as before.
- *   H6 Only a mark that ends within herd_wait is waited for: one without a life (not a node's: written
- *      by hand, or by a client the server's ACLs should have kept out) would hold every lookup of the
- *      name for herd_wait, again and again.
- *   H5 A mark won is checked against the unit once more: a compile elsewhere may have been published (its
- *      unit stored, then its mark deleted) between our GET and our SET, and is then fetched, not done
- *      again. The publisher stores the unit before it deletes the marks, so a mark won after the
- *      deletion finds the unit. */
+ * process told ESTALE (an invite, keyed by its thread id) is parked at the revalidation of its unit's own
+ * directory, the compile's stores into that directory go through, and only that thread's one walk is
+ * parked (not a mkdir's revalidation by another, which holds the parent's lock). Only units with a
+ * directory of their own are waited for so (PoCL's program directory, Triton's key directory: units.c);
+ * JAX's files side by side in one directory have none above their output, and there two processes of one
+ * node may both compile. A process that holds a lock of its own across its lookup and its compile
+ * (libkcache, the OpenCL layer: client/lock.c) never gets here. Runtimes that find an entry by opening a
+ * name relative to a directory they hold open walk nothing again: their second lookup is a miss, and they
+ * compile as before. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

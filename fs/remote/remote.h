@@ -64,26 +64,9 @@
  * off the daemon's workers (the request is answered later, by the herd thread), until the name is on
  * the server (the compile published it), or on this node (a process here compiled it), or the mark is
  * gone, or herd_wait has passed: then it is answered as a miss, and that process compiles after all.
- * Only another node's compile is waited for: a lookup parked in the kernel holds its directory's lock,
- * which the compile on this node needs for its rename into place (herd.c, H4); so two processes of the
- * node that compiles first may both compile, and every other node waits for them.
- *   Across the processes of one node (weighed, not built). The kernel looks a name up holding its
- *   directory's i_rwsem shared (lookup_slow), and every create, mkdir, unlink and rename in that
- *   directory needs it exclusive, before the request ever reaches the daemon. So:
- *   - parking a lookup of this node while a process here compiles holds off that compile's own stores
- *     (PoCL's and Triton's temporary and rename in the entry's directory) for herd_wait: no;
- *   - parking the lookup of a directory above instead moves the same lock one level up, where the
- *     compile makes its entry's directory (PoCL's <rest>, Triton's key directory): no;
- *   - answering with a placeholder whose open waits (an open takes no directory lock) fails because the
- *     dentry is the node's, not the process's: the compiling process would find its own output present
- *     (stat's size, O_EXCL's EEXIST, a read of nothing), and runtimes act on that: no;
- *   - waiting a short while before answering buys nothing: the compile's first store blocks in the
- *     kernel, never reaching the daemon, so nothing here can tell it is under way.
- *   A runtime that holds a lock of its own across its lookup and its compile compiles once per node
- *   already (a process waiting in flock holds no directory lock). For PoCL, Triton and JAX the
- *   safe place is outside the lookup: a wait asked by the runtime's side (libkcache, the OpenCL layer)
- *   through an xattr of the mount root, which holds no lock of the entry's directory (getxattr takes
- *   none), answered by the herd thread as a parked lookup is.
+ * On the node that compiles, another process's lookup of the output is told ESTALE once, and the walk
+ * the kernel makes again (LOOKUP_REVAL) is parked at the unit's own directory, where it holds no directory
+ * lock, until the output is here (herd.c, H4 and H7, and ONE NODE there: why not at the output itself).
  *
  * LISTINGS. Some runtimes find an entry by listing its directory rather than by looking a name up
  * (Inductor's FX graph and AOT autograd caches list their key directory), and a listing never reaches the
