@@ -80,11 +80,17 @@ cl_program kcache__cl_load_or_lock(kcache *kc, cl_context ctx, struct kcache__cl
                                    int *ret_lockfd)
 {
         *ret_lockfd = -1;
+        uint64_t rejects = atomic_load(&kc->st.rejects);
         cl_program p = kcache__cl_load(kc, ctx, rec, options);
         if (!p && !kc->disabled) {
                 bool waited = false;
                 *ret_lockfd = kcache__lock(kc, rec->dev[0].reldir, &rec->dev[0].key, &waited);
-                if (waited) /* another process compiled it while we waited */
+                /* Looked for again if another process compiled it while we waited, and also after a plain
+                 * miss (not a refused entry, which would be refused again): on kcachefs with a shared tier
+                 * the first look may have stopped at a directory this node did not have yet (the lock made
+                 * it), so only this one asks for the entry itself, and waits there for another node's
+                 * compile (kcachefs(8), herd_wait). */
+                if (waited || atomic_load(&kc->st.rejects) == rejects)
                         p = kcache__cl_load(kc, ctx, rec, options);
         }
         atomic_fetch_add(p ? &kc->st.hits : &kc->st.misses, 1);

@@ -252,13 +252,16 @@ KCACHE__EXPORT ze_result_t kcache_ze_module_create(kcache *kc, ze_context_handle
                 return (ze_result_t)ferr;
         }
         /* Builder, or a waiter whose builder succeeded: either way the entry is the first place to look. */
+        uint64_t rejects = atomic_load(&kc->st.rejects);
         ze_result_t r = load(kc, ctx, dev, desc, rel, &k, ret);
         if (r == ZE_RESULT_SUCCESS) {
                 atomic_fetch_add(&kc->st.hits, 1);
         } else {
                 bool waited = false;
                 int lockfd = kc->disabled ? -1 : kcache__lock(kc, d->reldir, &k, &waited);
-                r = waited ? load(kc, ctx, dev, desc, rel, &k, ret) : ZE_RESULT_ERROR_NOT_AVAILABLE;
+                /* again, as kcache__cl_load_or_lock does (cl-build.c says why) */
+                r = waited || atomic_load(&kc->st.rejects) == rejects ? load(kc, ctx, dev, desc, rel, &k, ret)
+                                                                     : ZE_RESULT_ERROR_NOT_AVAILABLE;
                 if (r == ZE_RESULT_SUCCESS) {
                         atomic_fetch_add(&kc->st.hits, 1);
                 } else {
