@@ -274,7 +274,7 @@ static void *herd_main(void *arg)
         return NULL;
 }
 
-/* Drops the entries of map whose until_ns (at offset off in the value) is past, when it has grown large. */
+/* Drops the entries of map (of type, each with an until_ns) whose time is past, once it has grown large. */
 #define PRUNE(map, type, free_fn)                                                                          \
         do {                                                                                               \
                 if ((map)->count > 4096) {                                                                 \
@@ -342,6 +342,7 @@ static int invite(struct kfs_remote *r, pid_t tid, uint64_t h, const struct herd
         if (old && old->mark == h && old->until_ns > kfs_remote_mono_ns()) {
                 ret = KFS_REMOTE_UNSURE; /* told once: this lookup is what its walk came back for */
                 invite_free(v);
+                invite_free(kmap_del(&r->herd.invites, (uint64_t)tid)); /* done with */
         } else {
                 PRUNE(&r->herd.invites, struct herd_invite, invite_free);
                 invite_free(kmap_del(&r->herd.invites, (uint64_t)tid));
@@ -493,7 +494,12 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         bool join = false;
         pthread_mutex_lock(&r->herd.lock);
         struct herd_invite *v = kmap_get(&r->herd.invites, (uint64_t)tid);
-        if (v && !v->parked && v->until_ns > now && v->unit.parent == dir->bino && !strcmp(v->unit.name, name)) {
+        if (v && v->until_ns <= now) { /* its walk never came (or its thread id is another's now) */
+                invite_free(kmap_del(&r->herd.invites, (uint64_t)tid));
+                atomic_store(&r->herd.ninvites, r->herd.invites.count);
+                v = NULL;
+        }
+        if (v && !v->parked && v->unit.parent == dir->bino && !strcmp(v->unit.name, name)) {
                 v->parked = true; /* H7: once */
                 w->compiler = v->compiler;
                 w->compiler_start = v->compiler_start;
