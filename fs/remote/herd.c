@@ -5,7 +5,9 @@
  * What must stay true:
  *   H1 A parked lookup is answered exactly once: with the name (once it is on this node, or fetched
  *      from the server), or as a miss (the mark gone with nothing stored, herd_wait passed, the mount
- *      stopping). Never left unanswered: its process would hang.
+ *      stopping, its process interrupted). Never left unanswered: its process would hang. Only the herd
+ *      thread answers (or park() when the mount stops under it); libfuse's interrupt callback only
+ *      notes the request, since the kernel waits for our answer even for a process sent SIGKILL.
  *   H2 Its directory is held (a lookup reference) while it waits, and let go after the answer.
  *   H3 A wait never outlives herd_wait: a compile that died leaves a mark that expires by itself.
  *   H4 A lookup of the output itself waits only for another node's compile. A lookup waiting in the
@@ -23,33 +25,34 @@
  *      deletion finds the unit.
  *   H7 Another process of this node that looks the output up while it is compiled here waits where it
  *      holds no directory lock (ONE NODE, below): it is told ESTALE once, the kernel walks its path again
- *      asking for every directory on the way (LOOKUP_REVAL), and that walk's lookup of the unit's own
+ *      asking for every directory on the way (LOOKUP_REVAL), and that walk's lookup of the output's own
  *      directory is parked, until the output is here, the compiling process is gone, or the mark's life
- *      is over. Its next lookup of the output, found or not, is answered as it is: never a second ESTALE,
- *      which would reach the application.
+ *      is over. Its next lookup of an output, found or not, is answered as it is, whatever marks ended
+ *      or began meanwhile: never a second ESTALE, which would reach the application. An invite is that
+ *      thread's (its id and start time) and is taken by that next lookup.
  *
  * ONE NODE. The kernel looks a name up holding its directory's i_rwsem shared (lookup_slow), and every
  * create and rename there needs it exclusive before the request reaches us; but a walk through a
  * directory the kernel already knows revalidates it (d_revalidate, a LOOKUP request) holding no lock at
  * all, and an ESTALE from a lookup makes the kernel walk the whole path again in that way
  * (filename_lookup, do_filp_open and the syscalls' retry_estale: open, stat, access, rename alike). So the
- * process told ESTALE (an invite, keyed by its thread id) is parked at the revalidation of its unit's own
- * directory, the compile's stores into that directory go through, and only that thread's one walk is
- * parked (not a mkdir's revalidation by another, which holds the parent's lock). Only units with a
- * directory of their own are waited for so (PoCL's program directory, Triton's key directory: units.c);
- * JAX's files side by side in one directory have none above their output, and there two processes of one
- * node may both compile. A process that holds a lock of its own across its lookup and its compile
+ * thread told ESTALE (an invite, keyed by its thread id) is parked at the revalidation of the directory
+ * the output lies in (PoCL's program directory, Triton's key directory, JAX's cache directory), the
+ * compile's stores into that directory go through, and only that thread's one walk is parked (not a
+ * mkdir's revalidation by another, which holds the parent's lock). An output in the mount's root has no
+ * directory to wait at. A process that holds a lock of its own across its lookup and its compile
  * (libkcache, the OpenCL layer: client/lock.c) never gets here. Runtimes that find an entry by opening a
  * name relative to a directory they hold open walk nothing again: their second lookup is a miss, and they
- * compile as before. */
+ * compile as before. Marks and invites are bounded (HERD_MAX); past that, nobody here waits.
+ */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "../evict/evict.h"
 #include "internal.h"
 
 #define HERD_POLL_MS 20
@@ -58,8 +61,8 @@
 #define HERD_POLL_TIMEOUT_MS 250
 #define HERD_FAILING_MS 1000
 
-/* The unit's own directory (ONE NODE): its parent's backing inode and its name; NULL name: none. */
-struct herd_unit {
+/* The directory an output lies in (ONE NODE): its parent's backing inode and its name; NULL name: none. */
+struct herd_dir {
         uint64_t parent;
         char *name;
         char *path;               /* the output's path, relative to the root: the wait ends once it is here */
@@ -67,20 +70,26 @@ struct herd_unit {
 
 struct herd_mine {
         pid_t tgid;               /* the process compiling it */
-        uint64_t start;           /* its start (kfs_proc_start): a pid used again is not it */
+        uint64_t start;           /* its start (kfs_proc_start): a pid used again is not it; 0: gone */
         int64_t until_ns;         /* the mark's end */
-        struct herd_unit unit;
+        struct herd_dir dir;      /* none past HERD_MAX entries: then nobody here waits for it */
 };
 
-/* A process of this node told to look the output again (H7), keyed by its thread id. */
+/* A thread of this node told to look the output again (H7), keyed by its thread id. */
 struct herd_invite {
-        uint64_t mark;            /* the hash of the mark it waits for */
         pid_t compiler;
         uint64_t compiler_start;
-        int64_t until_ns;         /* the mark's end */
-        bool parked;              /* its walk was parked once: never again for this mark */
-        struct herd_unit unit;
+        uint64_t asker_start;     /* the thread's start: a thread id used again is not it */
+        int64_t deadline_ns;      /* the mark's end: a wait ends then */
+        int64_t until_ns;         /* forgotten then, if its walk never came back */
+        bool parked;              /* its walk was parked once: never again */
+        struct herd_dir dir;
 };
+
+/* Marks and invites kept at most (each a few hundred bytes): past that, no new wait on this node. */
+#define HERD_MAX 65536
+/* An invite not taken up is forgotten this long after its mark's end. */
+#define HERD_INVITE_SLACK_NS (30 * 1000000000LL)
 
 struct herd_wait {
         fuse_req_t req;
@@ -89,26 +98,26 @@ struct herd_wait {
         struct kfs_asker asker;
         int64_t deadline_ns;
         int64_t failing_ns;       /* since when the server has not answered its polls; 0: it answers */
-        /* ONE NODE: a walk parked at the unit's directory (name) for this node's compile of path */
+        /* ONE NODE: a walk parked at the output's directory (name) for this node's compile of path */
         bool local;
         pid_t compiler;
         uint64_t compiler_start;
         struct herd_wait *next;
 };
 
-static void unit_free(struct herd_unit *u)
+static void dir_free(struct herd_dir *u)
 {
         free(u->name);
         free(u->path);
         u->name = u->path = NULL;
 }
 
-static int unit_copy(struct herd_unit *to, const struct herd_unit *from)
+static int dir_copy(struct herd_dir *to, const struct herd_dir *from)
 {
-        *to = (struct herd_unit){ .parent = from->parent, .name = from->name ? strdup(from->name) : NULL,
+        *to = (struct herd_dir){ .parent = from->parent, .name = from->name ? strdup(from->name) : NULL,
                                   .path = from->path ? strdup(from->path) : NULL };
         if ((from->name && !to->name) || (from->path && !to->path)) {
-                unit_free(to);
+                dir_free(to);
                 return -ENOMEM;
         }
         return 0;
@@ -117,7 +126,7 @@ static int unit_copy(struct herd_unit *to, const struct herd_unit *from)
 static void mine_free(struct herd_mine *m)
 {
         if (m) {
-                unit_free(&m->unit);
+                dir_free(&m->dir);
                 free(m);
         }
 }
@@ -125,35 +134,31 @@ static void mine_free(struct herd_mine *m)
 static void invite_free(struct herd_invite *v)
 {
         if (v) {
-                unit_free(&v->unit);
+                dir_free(&v->dir);
                 free(v);
         }
 }
 
-/* The unit's own directory of the output at path, for ONE NODE: a directory that holds this unit alone
- * (PoCL's program directory, Triton's key directory) and the output below it; none otherwise. */
-static void unit_dir(struct kfs *fs, const char *path, struct herd_unit *ret)
+/* The directory the output at path lies in, for ONE NODE: its parent's inode and its name; none for an
+ * output in the root, whose directory has no parent to wait at. */
+static void output_dir(struct kfs *fs, const char *path, struct herd_dir *ret)
 {
-        *ret = (struct herd_unit){ 0 };
-        struct kev_unit u;
-        int e = kev_unit_resolve(fs, path, &u);
-        size_t l = u.root ? strlen(u.root) : 0;
-        if (e == 0 && (u.dir_unit || u.rt == KRT_TRITON) && l && !strncmp(path, u.root, l) && path[l] == '/') {
-                char *slash = strrchr(u.root, '/');
-                const char *name = slash ? slash + 1 : u.root;
-                if (slash)
-                        *slash = '\0';
-                struct stat st;
-                if (*name && ktree_stat(&fs->tree, KTREE_ROOT, slash ? u.root : ".", &st) == 0 &&
-                    S_ISDIR(st.st_mode)) {
-                        ret->parent = st.st_ino;
-                        ret->name = strdup(name);
-                        ret->path = strdup(path);
-                        if (!ret->name || !ret->path)
-                                unit_free(ret);
-                }
+        *ret = (struct herd_dir){ 0 };
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? strndup(path, (size_t)(slash - path)) : NULL;
+        char *up = dir ? strrchr(dir, '/') : NULL;
+        const char *name = up ? up + 1 : dir;
+        if (up)
+                *up = '\0';
+        struct stat st;
+        if (dir && *name && ktree_stat(&fs->tree, KTREE_ROOT, up ? dir : ".", &st) == 0 && S_ISDIR(st.st_mode)) {
+                ret->parent = st.st_ino;
+                ret->name = strdup(name);
+                ret->path = strdup(path);
+                if (!ret->name || !ret->path)
+                        dir_free(ret);
         }
-        kev_unit_free(&u);
+        free(dir);
 }
 
 char *kfs_remote_herd_key(const char *key)
@@ -162,11 +167,36 @@ char *kfs_remote_herd_key(const char *key)
         return asprintf(&k, "kcfsh%s", key + 4) < 0 ? NULL : k; /* "kcfs:..." -> "kcfsh:..." */
 }
 
+/* libfuse's interrupt callback for a parked request (its process got a signal: a SIGKILL'ed one waits in
+ * the kernel for our answer, unkillable until then). It only notes req: the herd thread answers (H1). */
+static void interrupted(fuse_req_t req, void *data)
+{
+        struct kfs_remote *r = ((struct kfs *)data)->remote;
+        pthread_mutex_lock(&r->herd.lock);
+        if (r->herd.interrupted.count > 256) { /* only stale ones pile up (one noted as it was answered) */
+                kmap_free(&r->herd.interrupted);
+                kmap_init(&r->herd.interrupted);
+        }
+        kmap_put(&r->herd.interrupted, (uint64_t)(uintptr_t)req, (void *)1);
+        pthread_cond_signal(&r->herd.cond);
+        pthread_mutex_unlock(&r->herd.lock);
+}
+
+/* Whether w's process was interrupted (noted by interrupted()); the note is taken. */
+static bool was_interrupted(struct kfs_remote *r, struct herd_wait *w)
+{
+        pthread_mutex_lock(&r->herd.lock);
+        bool i = r->herd.interrupted.count && kmap_del(&r->herd.interrupted, (uint64_t)(uintptr_t)w->req);
+        pthread_mutex_unlock(&r->herd.lock);
+        return i;
+}
+
 /* Answers w's lookup (H1) and lets it go (H2). */
 static void answer(struct kfs *fs, struct herd_wait *w, bool served)
 {
         struct kfs_remote *r = fs->remote;
         atomic_fetch_add(served ? &r->herd_served : &r->herd_gave_up, 1);
+        (void)was_interrupted(r, w); /* a note of it goes with it */
         kfs_lookup_answer(w->req, w->dir, w->name, 0); /* a miss uncached: this process compiles now */
         kfs_inode_unref(fs, w->dir, 1);
         free(w->name);
@@ -181,10 +211,15 @@ static int settle(struct kfs *fs, struct herd_wait *w, int64_t now)
 {
         struct kfs_remote *r = fs->remote;
         struct stat st;
+        if (was_interrupted(r, w))
+                return -1; /* its process got a signal (a SIGKILL): answered at once */
         if (w->local) { /* ONE NODE: the output here; the compiling process gone; the mark's life over */
                 if (ktree_stat(&fs->tree, KTREE_ROOT, w->path, &st) == 0)
                         return 1;
-                return kfs_proc_start(w->compiler) != w->compiler_start || now >= w->deadline_ns ? -1 : 0;
+                return !w->compiler_start || kfs_proc_start(w->compiler) != w->compiler_start ||
+                                       now >= w->deadline_ns
+                               ? -1
+                               : 0;
         }
         int dfd = kfs_inode_fd(fs, w->dir);
         bool here = dfd >= 0 && ktree_stat(&fs->tree, dfd, w->name, &st) == 0; /* compiled on this node */
@@ -234,16 +269,23 @@ static void *herd_main(void *arg)
                 pthread_mutex_unlock(&r->herd.lock);
                 int64_t now = kfs_remote_mono_ns();
                 struct herd_wait *keep = NULL;
-                while (all) {
-                        struct herd_wait *w = all;
-                        all = w->next;
-                        int s = settle(fs, w, now);
-                        if (s != 0) {
-                                answer(fs, w, s > 0);
-                        } else {
-                                w->next = keep;
-                                keep = w;
+                for (int pass = 0; pass < 2; pass++) { /* this node's first: they ask no server, which may be slow */
+                        struct herd_wait *rest = NULL;
+                        while (all) {
+                                struct herd_wait *w = all;
+                                all = w->next;
+                                int s = w->local == (pass == 0) ? settle(fs, w, now) : 2;
+                                if (s == 2) {
+                                        w->next = rest;
+                                        rest = w;
+                                } else if (s != 0) {
+                                        answer(fs, w, s > 0);
+                                } else {
+                                        w->next = keep;
+                                        keep = w;
+                                }
                         }
+                        all = rest;
                 }
                 pthread_mutex_lock(&r->herd.lock);
                 while (keep) { /* back, with those parked meanwhile */
@@ -274,10 +316,11 @@ static void *herd_main(void *arg)
         return NULL;
 }
 
-/* Drops the entries of map (of type, each with an until_ns) whose time is past, once it has grown large. */
-#define PRUNE(map, type, free_fn)                                                                          \
+/* Drops the entries of map (of type, each with an until_ns) whose time is past, once it has grown to
+ * *next; then *next is twice what is left, so that the work is a constant per entry added. */
+#define PRUNE(map, next, type, free_fn)                                                                    \
         do {                                                                                               \
-                if ((map)->count > 4096) {                                                                 \
+                if ((map)->count >= *(next)) {                                                             \
                         int64_t now_ = kfs_remote_mono_ns();                                               \
                         kmap keep_;                                                                        \
                         kmap_init(&keep_);                                                                 \
@@ -292,6 +335,7 @@ static void *herd_main(void *arg)
                         }                                                                                  \
                         kmap_free((map));                                                                  \
                         *(map) = keep_;                                                                    \
+                        *(next) = (map)->count * 2 > 1024 ? (map)->count * 2 : 1024;                       \
                 }                                                                                          \
         } while (0)
 
@@ -305,9 +349,10 @@ static void remember_mine(struct kfs *fs, uint64_t h, pid_t tgid, int64_t until_
         m->tgid = tgid;
         m->start = kfs_proc_start(tgid);
         m->until_ns = until_ns;
-        unit_dir(fs, path, &m->unit); /* before the lock: it reads the tree */
+        if (r->herd.mine.count < HERD_MAX) /* read without the lock: a bound, not a count */
+                output_dir(fs, path, &m->dir); /* before the lock: it reads the tree */
         pthread_mutex_lock(&r->herd.lock);
-        PRUNE(&r->herd.mine, struct herd_mine, mine_free);
+        PRUNE(&r->herd.mine, &r->herd.mine_next, struct herd_mine, mine_free);
         mine_free(kmap_del(&r->herd.mine, h));
         if (kmap_put(&r->herd.mine, h, m) < 0)
                 mine_free(m);
@@ -323,30 +368,34 @@ static bool kin_of(pid_t p, pid_t tgid)
         return false;
 }
 
-/* H7: thread tid of another process than the one compiling the mark hashed h, for m's unit: told to look
- * again (KFS_REMOTE_RETRY) the first time, a miss after that. */
-static int invite(struct kfs_remote *r, pid_t tid, uint64_t h, const struct herd_mine *m)
+/* H7: thread tid, of another process than the one compiling m, looked m's output up: told to look again
+ * (KFS_REMOTE_RETRY) if it holds no invite; a miss if it does (its walk came back: the invite is taken). */
+static int invite(struct kfs_remote *r, pid_t tid, const struct herd_mine *m)
 {
+        if (tid <= 0)
+                return KFS_REMOTE_UNSURE; /* a requester our pid namespace cannot see: no thread to tell apart */
         struct herd_invite *v = calloc(1, sizeof(*v));
-        if (!v || unit_copy(&v->unit, &m->unit) < 0) {
+        if (!v || dir_copy(&v->dir, &m->dir) < 0) {
                 free(v);
                 return KFS_REMOTE_UNSURE;
         }
-        v->mark = h;
         v->compiler = m->tgid;
         v->compiler_start = m->start;
-        v->until_ns = m->until_ns;
+        v->asker_start = kfs_proc_start(tid);
+        v->deadline_ns = m->until_ns;
+        v->until_ns = m->until_ns + HERD_INVITE_SLACK_NS;
         int ret = KFS_REMOTE_RETRY;
         pthread_mutex_lock(&r->herd.lock);
-        struct herd_invite *old = kmap_get(&r->herd.invites, (uint64_t)tid);
-        if (old && old->mark == h && old->until_ns > kfs_remote_mono_ns()) {
-                ret = KFS_REMOTE_UNSURE; /* told once: this lookup is what its walk came back for */
+        struct herd_invite *old = kmap_del(&r->herd.invites, (uint64_t)tid);
+        if (old) {
+                /* Told already (for this mark or another, whatever their lives: the mark may have ended and
+                 * another been made while it waited): never a second ESTALE in a row. */
+                ret = KFS_REMOTE_UNSURE;
+                invite_free(old);
                 invite_free(v);
-                invite_free(kmap_del(&r->herd.invites, (uint64_t)tid)); /* done with */
         } else {
-                PRUNE(&r->herd.invites, struct herd_invite, invite_free);
-                invite_free(kmap_del(&r->herd.invites, (uint64_t)tid));
-                if (kmap_put(&r->herd.invites, (uint64_t)tid, v) < 0) {
+                PRUNE(&r->herd.invites, &r->herd.invites_next, struct herd_invite, invite_free);
+                if (r->herd.invites.count >= HERD_MAX || kmap_put(&r->herd.invites, (uint64_t)tid, v) < 0) {
                         invite_free(v);
                         ret = KFS_REMOTE_UNSURE;
                 }
@@ -364,20 +413,30 @@ static int park(struct kfs *fs, struct herd_wait *w)
         pthread_mutex_lock(&fs->itable_lock);
         w->dir->nlookup++; /* H2 */
         pthread_mutex_unlock(&fs->itable_lock);
-        atomic_fetch_add(&r->herd_waits, 1);
         pthread_mutex_lock(&r->herd.lock);
         if (!r->herd.started && !r->herd.stop)
                 r->herd.started = pthread_create(&r->herd.thread, NULL, herd_main, fs) == 0;
         bool ok = r->herd.started && !r->herd.stop;
-        if (ok) {
-                w->next = r->herd.list;
-                r->herd.list = w;
-                pthread_cond_signal(&r->herd.cond);
-        }
         pthread_mutex_unlock(&r->herd.lock);
-        if (ok)
+        if (ok) {
+                atomic_fetch_add(&r->herd_waits, 1);
+                /* Before the herd thread can see it (and answer it, freeing req); an interrupt that came
+                 * already is noted at once. */
+                fuse_req_interrupt_func(w->req, interrupted, fs);
+                pthread_mutex_lock(&r->herd.lock);
+                ok = !r->herd.stop;
+                if (ok) {
+                        w->next = r->herd.list;
+                        r->herd.list = w;
+                        pthread_cond_signal(&r->herd.cond);
+                }
+                pthread_mutex_unlock(&r->herd.lock);
+                if (!ok) { /* stopping meanwhile: answered here, as the herd thread would (H1) */
+                        answer(fs, w, false);
+                        return KFS_REMOTE_PARKED;
+                }
                 return KFS_REMOTE_PARKED;
-        atomic_fetch_sub(&r->herd_waits, 1);
+        }
         kfs_inode_unref(fs, w->dir, 1);
         if (w->local)
                 free(w->path); /* else path and key are the caller's again (kfs_remote_herd) */
@@ -399,22 +458,22 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
         uint64_t h = kfs_remote_hash(0, mark);
         int64_t now = kfs_remote_mono_ns();
         int ret = -ENOENT;
-        struct herd_mine here = { 0 }; /* a compile on this node by another process, with a unit directory */
+        struct herd_mine here = { 0 }; /* a compile on this node by another process, with a directory */
         pthread_mutex_lock(&r->herd.lock);
         struct herd_mine *m = kmap_get(&r->herd.mine, h);
         if (m && m->until_ns > now) {
                 ret = KFS_REMOTE_UNSURE; /* H4: compiled here, never waited for at the output */
-                if (m->unit.name && m->tgid != tgid && unit_copy(&here.unit, &m->unit) == 0) {
+                if (m->dir.name && m->tgid != tgid && dir_copy(&here.dir, &m->dir) == 0) {
                         here.tgid = m->tgid;
                         here.start = m->start;
                         here.until_ns = m->until_ns;
                 }
         }
         pthread_mutex_unlock(&r->herd.lock);
-        if (here.unit.name) { /* H7, unless it is the compile's own (a process it started) */
+        if (here.dir.name) { /* H7, unless it is the compile's own (a process it started) */
                 if (!kin_of(tgid, here.tgid))
-                        ret = invite(r, tid, h, &here);
-                unit_free(&here.unit);
+                        ret = invite(r, tid, &here);
+                dir_free(&here.dir);
         }
         if (ret == -ENOENT) {
                 redisContext *c = kfs_remote_conn(r, r->timeout_ms);
@@ -487,29 +546,34 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         if (!r || !atomic_load_explicit(&r->herd.ninvites, memory_order_relaxed))
                 return 0; /* the common case: nobody invited, one load */
         pid_t tid = fuse_req_ctx(req)->pid;
-        struct herd_wait *w = calloc(1, sizeof(*w));
-        if (!w)
-                return 0;
         int64_t now = kfs_remote_mono_ns();
-        bool join = false;
+        struct herd_wait *w = NULL;
+        uint64_t asker_start = 0;
         pthread_mutex_lock(&r->herd.lock);
-        struct herd_invite *v = kmap_get(&r->herd.invites, (uint64_t)tid);
-        if (v && v->until_ns <= now) { /* its walk never came (or its thread id is another's now) */
+        struct herd_invite *v = tid > 0 ? kmap_get(&r->herd.invites, (uint64_t)tid) : NULL;
+        if (v && !v->parked && v->dir.parent == dir->bino && !strcmp(v->dir.name, name)) {
+                v->parked = true; /* H7: once; the invite stays, for the lookup of the output that follows */
+                w = calloc(1, sizeof(*w));
+                if (w) {
+                        w->compiler = v->compiler;
+                        w->compiler_start = v->compiler_start;
+                        w->deadline_ns = v->deadline_ns;
+                        w->path = strdup(v->dir.path);
+                        asker_start = v->asker_start;
+                }
+        } else if (v && !strcmp(name, kfs_remote_base(v->dir.path))) {
+                /* the output itself found: what the walk came back for (or a later look) takes the invite */
                 invite_free(kmap_del(&r->herd.invites, (uint64_t)tid));
                 atomic_store(&r->herd.ninvites, r->herd.invites.count);
-                v = NULL;
-        }
-        if (v && !v->parked && v->unit.parent == dir->bino && !strcmp(v->unit.name, name)) {
-                v->parked = true; /* H7: once */
-                w->compiler = v->compiler;
-                w->compiler_start = v->compiler_start;
-                w->deadline_ns = v->until_ns;
-                w->path = strdup(v->unit.path);
-                join = true;
         }
         pthread_mutex_unlock(&r->herd.lock);
-        if (!join || !w->path || !(w->name = strdup(name))) {
+        if (!w)
+                return 0;
+        /* the thread told, not another given its id since; nor a wait past the mark's life */
+        if (!w->path || !(w->name = strdup(name)) || !asker_start || kfs_proc_start(tid) != asker_start ||
+            now >= w->deadline_ns) {
                 free(w->path);
+                free(w->name);
                 free(w);
                 return 0;
         }
@@ -540,5 +604,6 @@ void kfs_remote_herd_stop(struct kfs *fs)
         while (kmap_next(&r->herd.invites, &pos, &k, &v))
                 invite_free(v);
         kmap_free(&r->herd.invites);
+        kmap_free(&r->herd.interrupted);
         atomic_store(&r->herd.ninvites, 0);
 }

@@ -74,7 +74,10 @@ struct kfs_remote {
                 pthread_cond_t cond;
                 struct herd_wait *list; /* lock */
                 kmap mine;        /* marks this node set: hash of the mark -> struct herd_mine*; lock */
-                kmap invites;     /* processes told to look again (H7): thread id -> struct herd_invite*; lock */
+                size_t mine_next; /* mine is pruned when it holds this many; lock */
+                kmap invites;     /* threads told to look again (H7): thread id -> struct herd_invite*; lock */
+                size_t invites_next; /* likewise; lock */
+                kmap interrupted; /* parked requests whose process got a signal: req -> 1; lock */
                 _Atomic size_t ninvites; /* invites.count, read without the lock by every found lookup */
                 bool started, stop; /* lock */
                 pthread_t thread;

@@ -78,6 +78,8 @@ int kfs_remote_init(struct kfs *fs)
         pthread_cond_init(&r->herd.cond, NULL);
         kmap_init(&r->herd.mine);
         kmap_init(&r->herd.invites);
+        kmap_init(&r->herd.interrupted);
+        r->herd.mine_next = r->herd.invites_next = 1024;
         r->herd_ms = (unsigned)(fs->o.herd_wait * 1000);
         kmap_init(&r->touched);
         r->touch_s = fs->o.remote_touch_s;

@@ -65,8 +65,9 @@
  * the server (the compile published it), or on this node (a process here compiled it), or the mark is
  * gone, or herd_wait has passed: then it is answered as a miss, and that process compiles after all.
  * On the node that compiles, another process's lookup of the output is told ESTALE once, and the walk
- * the kernel makes again (LOOKUP_REVAL) is parked at the unit's own directory, where it holds no directory
- * lock, until the output is here (herd.c, H4 and H7, and ONE NODE there: why not at the output itself).
+ * the kernel makes again (LOOKUP_REVAL) is parked at the output's own directory, where it holds no
+ * directory lock, until the output is here (herd.c, H4 and H7, and ONE NODE there: why not at the output
+ * itself). A parked lookup whose process gets a signal is answered at once (H1).
  *
  * LISTINGS. Some runtimes find an entry by listing its directory rather than by looking a name up
  * (Inductor's FX graph and AOT autograd caches list their key directory), and a listing never reaches the

@@ -457,49 +457,55 @@ def test_eight_processes_on_four_nodes_missing_one_program_compile_it_once(kfs, 
         assert "matches" in kcache("verify", m.mnt).stdout
 
 
-# One node's processes (fs/remote/herd.c, H7): a "compile" that misses program.bc, then stores it when told
+# One node's processes (fs/remote/herd.c, H7): a "compile" that misses its output (PoCL's program.bc by
+# default), then stores it when told, by a temporary made in the output's own directory and a rename
 COMPILE = """
 import os, sys
-d = sys.argv[1]
+d, name = sys.argv[1], sys.argv[2]
 os.makedirs(d, exist_ok=True)
-assert not os.path.exists(os.path.join(d, 'program.bc'))  # the miss: this process marks it, and compiles
+assert not os.path.exists(os.path.join(d, name))  # the miss: this process marks it, and compiles
 print('marked', flush=True)
 sys.stdin.readline()
-tmp = os.path.join(os.path.dirname(os.path.dirname(d)), 'tempfile_x.bc')  # PoCL's temp, in the root
+tmp = os.path.join(d, 'tmp-' + name)
 with open(tmp, 'wb') as f:
     f.write(b'BC' * 1000)
-os.rename(tmp, os.path.join(d, 'program.bc'))
+os.rename(tmp, os.path.join(d, name))
 print('stored', flush=True)
 """
 # Another process of the node probing it as PoCL does (a path walked from the top), or through a directory
 # it holds open; what it got, and how long it took.
 PROBE = """
 import os, sys, time
-d, how = sys.argv[1], sys.argv[2]
+d, how, name = sys.argv[1], sys.argv[2], sys.argv[3]
 t0 = time.monotonic()
 try:
     if how == 'path':
-        r = os.stat(os.path.join(d, 'program.bc')).st_size
+        r = os.stat(os.path.join(d, name)).st_size
     else:
         fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-        r = os.stat('program.bc', dir_fd=fd).st_size
+        r = os.stat(name, dir_fd=fd).st_size
 except OSError as e:
     r = e.errno
 print(r, time.monotonic() - t0, flush=True)
 """
 
 
-def one_node_herd(kfs, redis):
-    m = node(kfs, redis, herd_wait="60")
-    d = os.path.join(m.path("pocl"), "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklmn")
-    compiler = subprocess.Popen(["python3", "-c", COMPILE, d], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                text=True)
+POCL_DIR = os.path.join("pocl", "ab", "cdefghijklmnopqrstuvwxyzabcdefghijklmn")
+
+
+def one_node_herd(kfs, redis, rel=POCL_DIR, name="program.bc", herd_wait="60"):
+    m = node(kfs, redis, herd_wait=herd_wait)
+    if rel.startswith("jax"):
+        kcache("env", m.mnt, "jax")
+    d = m.path(rel)
+    compiler = subprocess.Popen(["python3", "-c", COMPILE, d, name], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
     assert compiler.stdout.readline().strip() == "marked"
     return m, d, compiler
 
 
-def probe(d, how="path"):
-    return subprocess.Popen(["python3", "-c", PROBE, d, how], stdout=subprocess.PIPE, text=True)
+def probe(d, how="path", name="program.bc"):
+    return subprocess.Popen(["python3", "-c", PROBE, d, how, name], stdout=subprocess.PIPE, text=True)
 
 
 def probed(p):
@@ -508,12 +514,15 @@ def probed(p):
     return int(r), float(took)
 
 
-def test_a_process_of_the_compiling_node_waits_for_that_compile(kfs, redis):
+@pytest.mark.parametrize("rel,name", [(POCL_DIR, "program.bc"), ("jax", "jit_f-0123456789abcdef-cache")],
+                         ids=["pocl", "jax-flat"])
+def test_a_process_of_the_compiling_node_waits_for_that_compile(kfs, redis, rel, name):
     """While one process compiles, another process of the same node that probes the output waits for it
-    (where it holds no directory lock: the compile's rename into the very directory goes through), and
-    then finds it; it never compiles it too."""
-    m, d, compiler = one_node_herd(kfs, redis)
-    waiter = probe(d)
+    (where it holds no directory lock: the compile's temporary and rename in the very directory go
+    through, in PoCL's program directory as in JAX's flat one), and then finds it; it never compiles it
+    too."""
+    m, d, compiler = one_node_herd(kfs, redis, rel, name)
+    waiter = probe(d, name=name)
     time.sleep(1)
     assert waiter.poll() is None, "the second process did not wait for the compile"
     compiler.stdin.write("go\n")
@@ -548,6 +557,38 @@ def test_a_probe_through_an_open_directory_is_a_miss_at_once(kfs, redis):
     assert r == errno.ENOENT and took < 5, (r, took)
     compiler.kill()
     compiler.wait(timeout=30)
+
+
+def test_a_compile_longer_than_herd_wait_never_sends_estale_to_its_waiters(kfs, redis):
+    """Several processes wait on the node while a compile outlasts herd_wait: at its end one of them marks
+    the name anew, and the others' walks, still under way, must not be told to look again a second time
+    (the kernel retries once: the application would see ESTALE). Each is answered a miss."""
+    m, d, compiler = one_node_herd(kfs, redis, herd_wait="2")  # and it never stores
+    waiters = [probe(d) for _ in range(3)]
+    got = [probed(w) for w in waiters]
+    compiler.kill()
+    compiler.wait(timeout=30)
+    assert all(r == errno.ENOENT for r, _ in got), got  # never 116 (ESTALE)
+
+
+def test_a_waiting_process_killed_goes_at_once(kfs, redis):
+    """A process waiting for a compile, on this node or another, that is sent SIGKILL is gone at once: its
+    parked request is answered when the kernel says it was interrupted, not at herd_wait's end."""
+    m, d, compiler = one_node_herd(kfs, redis)
+    other = node(kfs, redis, herd_wait="60")
+    d2 = os.path.join(other.path("pocl"), os.path.relpath(d, m.path("pocl")))
+    os.makedirs(d2)
+    for where in (d, d2):  # this node's compile; then another node's, waited for at the output itself
+        waiter = probe(where)
+        time.sleep(1)
+        assert waiter.poll() is None, "it did not wait"
+        t0 = time.monotonic()
+        waiter.kill()
+        waiter.wait(timeout=60)
+        assert time.monotonic() - t0 < 5, f"a killed waiter took {time.monotonic() - t0:.1f} s to go"
+    compiler.kill()
+    compiler.wait(timeout=30)
+    assert num(m, "herd_gave_up") >= 1 and num(other, "herd_gave_up") >= 1
 
 
 def test_a_herd_whose_compile_dies_compiles_after_herd_wait(kfs, redis):
