@@ -260,8 +260,9 @@ KCACHE__EXPORT ze_result_t kcache_ze_module_create(kcache *kc, ze_context_handle
                 bool waited = false;
                 int lockfd = kc->disabled ? -1 : kcache__lock(kc, d->reldir, &k, &waited);
                 /* again, as kcache__cl_load_or_lock does (cl-build.c says why) */
-                r = waited || atomic_load(&kc->st.rejects) == rejects ? load(kc, ctx, dev, desc, rel, &k, ret)
-                                                                     : ZE_RESULT_ERROR_NOT_AVAILABLE;
+                r = !kc->disabled && (waited || atomic_load(&kc->st.rejects) == rejects)
+                            ? load(kc, ctx, dev, desc, rel, &k, ret)
+                            : ZE_RESULT_ERROR_NOT_AVAILABLE;
                 if (r == ZE_RESULT_SUCCESS) {
                         atomic_fetch_add(&kc->st.hits, 1);
                 } else {

@@ -75,7 +75,7 @@ const struct krt_desc krt_table[KRT__COUNT] = {
         [KRT_KCACHE] = {
                 .name = "kcache", .what = "libkcache and the OpenCL layer", .dir = "kcache",
                 .env = "export KCACHE_DIR='@DIR@'", .env_default = true,
-                .outputs = kcache_out,
+                .outputs = kcache_out, .locks_compile = true,
         },
         [KRT_MESA] = {
                 .name = "mesa", .what = "Mesa's shader cache", .dir = "mesa",
@@ -122,6 +122,15 @@ int krt_by_name(const char *name)
                 if (!strcmp(name, krt_table[i].name))
                         return i;
         return -1;
+}
+
+bool krt_is_self_locked_output(const char *name)
+{
+        for (int i = 0; i < KRT__COUNT; i++)
+                for (const char *const *o = krt_table[i].outputs; krt_table[i].locks_compile && o && *o; o++)
+                        if (fnmatch(*o, name, 0) == 0)
+                                return true;
+        return false;
 }
 
 bool krt_is_output_name(const char *name)

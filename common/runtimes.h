@@ -51,9 +51,14 @@ struct krt_desc {
         const char *const *temp;
         const char *const *temp_dirs;
         /* The names a compile's output is stored under (fnmatch patterns on a file's name): a lookup of one
-         * that another node is compiling waits for it (fs/remote/herd.c). Never a directory's name, which
+         * that another node or process is compiling waits for it (fs/remote/herd.c). Never a directory's name, which
          * runtimes make long before they store, or as they probe. NULL-terminated, or NULL: no waiting. */
         const char *const *outputs;
+        /* The runtime holds a lock of its own from its lookup through its compile (libkcache's, client/lock.c):
+         * another of its processes on the compiling node waits on that lock, and is never told to look
+         * again to wait in the daemon (fs/remote/herd.c, H7), where it would hold the lock the compile
+         * waits for. */
+        bool locks_compile;
 };
 
 extern const struct krt_desc krt_table[KRT__COUNT];
@@ -72,5 +77,7 @@ bool krt_is_temporary(const char *path);
 bool krt_is_root_dir(const char *path);
 /* Whether name is one a runtime stores a compile's output under (outputs). */
 bool krt_is_output_name(const char *name);
+/* Whether name is an output of a runtime that locks its compiles itself (locks_compile). */
+bool krt_is_self_locked_output(const char *name);
 /* Whether name is a lock file's: the bare name lock, or *.lock. */
 bool krt_is_lock_name(const char *name);

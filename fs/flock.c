@@ -136,6 +136,17 @@ bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
         return held;
 }
 
+bool kfs_flock_holds_any(struct kfs *fs, pid_t pid)
+{
+        pid_t want = pid > 0 ? kfs_tgid_of(pid) : 0;
+        bool held = false;
+        pthread_mutex_lock(&fs->flock.lock);
+        for (struct kfs_flock_holder *h = fs->flock.holders; want && h && !held; h = h->next)
+                held = h->tid > 0 && kfs_tgid_of(h->tid) == want;
+        pthread_mutex_unlock(&fs->flock.lock);
+        return held;
+}
+
 /* flock.lock held. Is a lock on bino held by a taker that is gone? */
 static bool gone_holder_locked(struct kfs *fs, uint64_t bino)
 {

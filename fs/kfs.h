@@ -126,7 +126,7 @@ struct kfs_opts {
         unsigned remote_timeout_ms; /* a lookup's deadline for the server */
         double remote_negative_s; /* a miss of the server remembered this long */
         double remote_touch_s;    /* units in use told to the server this often */
-        double herd_wait;         /* a lookup waits this long for another node's compile; 0: never */
+        double herd_wait;         /* a lookup waits this long for a compile elsewhere; 0: never */
         char *remote_timeout_ms_str, *remote_negative_s_str, *remote_touch_s_str, *herd_wait_str; /* as given,
                                      or NULL: read into the four above by kfs_opts_check(), range checked */
         int show_help, show_version;
@@ -479,6 +479,8 @@ pid_t kfs_ppid_of(pid_t pid);
 uint64_t kfs_proc_start(pid_t pid);
 /* Whether a thread of process pid (a thread id, as requests carry) holds a flock on bino through us. */
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
+/* Whether a thread of process pid holds a flock on anything through us. */
+bool kfs_flock_holds_any(struct kfs *fs, pid_t pid);
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
 /* Closes a handle's backing fd at RELEASE, and forgets the lock it held. */

@@ -5,7 +5,8 @@
  * What must stay true:
  *   H1 A parked lookup is answered exactly once: with the name (once it is on this node, or fetched
  *      from the server), or as a miss (the mark gone with nothing stored, herd_wait passed, the mount
- *      stopping, its process interrupted). Never left unanswered: its process would hang. Only the herd
+ *      stopping, its process interrupted); a walk parked on this node (H7) with the directory it
+ *      revalidates. Never left unanswered: its process would hang. Only the herd
  *      thread answers (or park() when the mount stops under it); libfuse's interrupt callback only
  *      notes the request, since the kernel waits for our answer even for a process sent SIGKILL.
  *   H2 Its directory is held (a lookup reference) while it waits, and let go after the answer.
@@ -29,7 +30,8 @@
  *      directory is parked, until the output is here, the compiling process is gone, or the mark's life
  *      is over. Its next lookup of an output, found or not, is answered as it is, whatever marks ended
  *      or began meanwhile: never a second ESTALE, which would reach the application. An invite is that
- *      thread's (its id and start time) and is taken by that next lookup.
+ *      thread's (its id and start time); its next lookup of an output takes it (found, the output's
+ *      own name), or it is forgotten 30 s after the mark's end.
  *
  * ONE NODE. The kernel looks a name up holding its directory's i_rwsem shared (lookup_slow), and every
  * create and rename there needs it exclusive before the request reaches us; but a walk through a
@@ -43,7 +45,10 @@
  * directory to wait at. A process that holds a lock of its own across its lookup and its compile
  * (libkcache, the OpenCL layer: client/lock.c) never gets here. Runtimes that find an entry by opening a
  * name relative to a directory they hold open walk nothing again: their second lookup is a miss, and they
- * compile as before. Marks and invites are bounded (HERD_MAX); past that, nobody here waits.
+ * compile as before. The directories kept with marks, and the invites, are bounded (HERD_MAX): past
+ * that, nobody here waits. A thread told to look again that holds a flock through the mount (JAX's
+ * .lockfile around its lookup), or whose runtime locks its compiles itself (libkcache:
+ * runtimes.h, locks_compile), is never told: the compile may wait for its lock.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -173,7 +178,7 @@ static void interrupted(fuse_req_t req, void *data)
 {
         struct kfs_remote *r = ((struct kfs *)data)->remote;
         pthread_mutex_lock(&r->herd.lock);
-        if (r->herd.interrupted.count > 256) { /* only stale ones pile up (one noted as it was answered) */
+        if (r->herd.interrupted.count > 4096) { /* only stale ones pile up (noted as it was answered) */
                 kmap_free(&r->herd.interrupted);
                 kmap_init(&r->herd.interrupted);
         }
@@ -274,11 +279,13 @@ static void *herd_main(void *arg)
                         while (all) {
                                 struct herd_wait *w = all;
                                 all = w->next;
-                                int s = w->local == (pass == 0) ? settle(fs, w, now) : 2;
-                                if (s == 2) {
+                                if (w->local != (pass == 0)) { /* the other pass's */
                                         w->next = rest;
                                         rest = w;
-                                } else if (s != 0) {
+                                        continue;
+                                }
+                                int s = settle(fs, w, now);
+                                if (s != 0) {
                                         answer(fs, w, s > 0);
                                 } else {
                                         w->next = keep;
@@ -349,8 +356,11 @@ static void remember_mine(struct kfs *fs, uint64_t h, pid_t tgid, int64_t until_
         m->tgid = tgid;
         m->start = kfs_proc_start(tgid);
         m->until_ns = until_ns;
-        if (r->herd.mine.count < HERD_MAX) /* read without the lock: a bound, not a count */
-                output_dir(fs, path, &m->dir); /* before the lock: it reads the tree */
+        pthread_mutex_lock(&r->herd.lock);
+        bool room = r->herd.mine.count < HERD_MAX;
+        pthread_mutex_unlock(&r->herd.lock);
+        if (room)
+                output_dir(fs, path, &m->dir); /* without the lock: it reads the tree */
         pthread_mutex_lock(&r->herd.lock);
         PRUNE(&r->herd.mine, &r->herd.mine_next, struct herd_mine, mine_free);
         mine_free(kmap_del(&r->herd.mine, h));
@@ -372,8 +382,9 @@ static bool kin_of(pid_t p, pid_t tgid)
  * (KFS_REMOTE_RETRY) if it holds no invite; a miss if it does (its walk came back: the invite is taken). */
 static int invite(struct kfs_remote *r, pid_t tid, const struct herd_mine *m)
 {
-        if (tid <= 0)
-                return KFS_REMOTE_UNSURE; /* a requester our pid namespace cannot see: no thread to tell apart */
+        uint64_t asker_start = tid > 0 ? kfs_proc_start(tid) : 0;
+        if (!asker_start || !m->start)
+                return KFS_REMOTE_UNSURE; /* a thread or compiler we cannot tell apart from another: no wait */
         struct herd_invite *v = calloc(1, sizeof(*v));
         if (!v || dir_copy(&v->dir, &m->dir) < 0) {
                 free(v);
@@ -381,19 +392,20 @@ static int invite(struct kfs_remote *r, pid_t tid, const struct herd_mine *m)
         }
         v->compiler = m->tgid;
         v->compiler_start = m->start;
-        v->asker_start = kfs_proc_start(tid);
+        v->asker_start = asker_start;
         v->deadline_ns = m->until_ns;
         v->until_ns = m->until_ns + HERD_INVITE_SLACK_NS;
         int ret = KFS_REMOTE_RETRY;
         pthread_mutex_lock(&r->herd.lock);
         struct herd_invite *old = kmap_del(&r->herd.invites, (uint64_t)tid);
-        if (old) {
+        if (old && old->asker_start == asker_start && old->until_ns > kfs_remote_mono_ns()) {
                 /* Told already (for this mark or another, whatever their lives: the mark may have ended and
                  * another been made while it waited): never a second ESTALE in a row. */
                 ret = KFS_REMOTE_UNSURE;
                 invite_free(old);
                 invite_free(v);
         } else {
+                invite_free(old); /* another thread's given the same id, or long forgotten */
                 PRUNE(&r->herd.invites, &r->herd.invites_next, struct herd_invite, invite_free);
                 if (r->herd.invites.count >= HERD_MAX || kmap_put(&r->herd.invites, (uint64_t)tid, v) < 0) {
                         invite_free(v);
@@ -421,7 +433,10 @@ static int park(struct kfs *fs, struct herd_wait *w)
         if (ok) {
                 atomic_fetch_add(&r->herd_waits, 1);
                 /* Before the herd thread can see it (and answer it, freeing req); an interrupt that came
-                 * already is noted at once. */
+                 * already is noted at once. A stale note of a request freed at this address goes first. */
+                pthread_mutex_lock(&r->herd.lock);
+                kmap_del(&r->herd.interrupted, (uint64_t)(uintptr_t)w->req);
+                pthread_mutex_unlock(&r->herd.lock);
                 fuse_req_interrupt_func(w->req, interrupted, fs);
                 pthread_mutex_lock(&r->herd.lock);
                 ok = !r->herd.stop;
@@ -431,10 +446,8 @@ static int park(struct kfs *fs, struct herd_wait *w)
                         pthread_cond_signal(&r->herd.cond);
                 }
                 pthread_mutex_unlock(&r->herd.lock);
-                if (!ok) { /* stopping meanwhile: answered here, as the herd thread would (H1) */
+                if (!ok) /* stopping meanwhile: answered here, as the herd thread would (H1) */
                         answer(fs, w, false);
-                        return KFS_REMOTE_PARKED;
-                }
                 return KFS_REMOTE_PARKED;
         }
         kfs_inode_unref(fs, w->dir, 1);
@@ -470,8 +483,12 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
                 }
         }
         pthread_mutex_unlock(&r->herd.lock);
-        if (here.dir.name) { /* H7, unless it is the compile's own (a process it started) */
-                if (!kin_of(tgid, here.tgid))
+        /* H7, unless it is the compile's own (a process it started), or it may hold what the compile waits
+         * for: a flock through the mount (JAX's .lockfile around its lookup), or the runtime's own lock
+         * (libkcache's: its waiters wait there) */
+        if (here.dir.name) {
+                if (!kin_of(tgid, here.tgid) && !krt_is_self_locked_output(kfs_remote_base(path)) &&
+                    !kfs_flock_holds_any(fs, tid))
                         ret = invite(r, tid, &here);
                 dir_free(&here.dir);
         }
@@ -550,6 +567,13 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         struct herd_wait *w = NULL;
         uint64_t asker_start = 0;
         pthread_mutex_lock(&r->herd.lock);
+        if (now >= r->herd.invites_swept_ns) { /* those whose walk never came back, at most once a second */
+                size_t next = 0;
+                PRUNE(&r->herd.invites, &next, struct herd_invite, invite_free);
+                r->herd.invites_next = r->herd.invites.count * 2 > 1024 ? r->herd.invites.count * 2 : 1024;
+                r->herd.invites_swept_ns = now + 1000000000LL;
+                atomic_store(&r->herd.ninvites, r->herd.invites.count);
+        }
         struct herd_invite *v = tid > 0 ? kmap_get(&r->herd.invites, (uint64_t)tid) : NULL;
         if (v && !v->parked && v->dir.parent == dir->bino && !strcmp(v->dir.name, name)) {
                 v->parked = true; /* H7: once; the invite stays, for the lookup of the output that follows */

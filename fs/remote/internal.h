@@ -68,8 +68,8 @@ struct kfs_remote {
         pthread_mutex_t neg_lock; /* a leaf */
         kmap neg;                 /* hash of namespace and path -> expiry (ns, as a pointer); neg_lock */
 
-        unsigned herd_ms;         /* -o herd_wait=: how long a lookup waits for another node's compile; 0: never */
-        struct {                  /* lookups waiting for another node's compile (herd.c) */
+        unsigned herd_ms;         /* -o herd_wait=: how long a lookup waits for a compile elsewhere; 0: never */
+        struct {                  /* lookups waiting for a compile elsewhere (herd.c) */
                 pthread_mutex_t lock; /* a leaf */
                 pthread_cond_t cond;
                 struct herd_wait *list; /* lock */
@@ -77,6 +77,7 @@ struct kfs_remote {
                 size_t mine_next; /* mine is pruned when it holds this many; lock */
                 kmap invites;     /* threads told to look again (H7): thread id -> struct herd_invite*; lock */
                 size_t invites_next; /* likewise; lock */
+                int64_t invites_swept_ns; /* when those no walk came back for go next (herd_join); lock */
                 kmap interrupted; /* parked requests whose process got a signal: req -> 1; lock */
                 _Atomic size_t ninvites; /* invites.count, read without the lock by every found lookup */
                 bool started, stop; /* lock */

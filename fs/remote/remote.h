@@ -85,8 +85,9 @@
  * first use; after a failure none is tried again for REMOTE_BACKOFF_MS, so a dead server costs one
  * timeout, not one per lookup. With no remote= nothing here runs.
  *
- * Lock order: the remote's own locks (neg_lock, pub.lock, memo_lock) are leaves; nothing else is taken
- * under them, and they are taken under none of the daemon's. */
+ * Lock order: the remote's own locks (neg_lock, pub.lock, memo_lock, herd.lock) are leaves; nothing else
+ * is taken under them, and they are taken under none of the daemon's. herd.lock is also taken inside
+ * libfuse's own request lock (its interrupt callback, herd.c), which libfuse takes under none of ours. */
 #ifndef KCACHEFS_REMOTE_H
 #define KCACHEFS_REMOTE_H
 
@@ -101,7 +102,7 @@ struct kfs_inode;
 #define KFS_REMOTE_UNSURE 2 /* kfs_remote_fetch: a miss the kernel must not remember: this node compiles it
                                first (herd.c), or the server did not answer (it may have it a moment later) */
 #define KFS_REMOTE_RETRY 3  /* kfs_remote_fetch: answer ESTALE, so that the kernel walks the path again and
-                               the walk waits at the unit's directory for this node's compile (herd.c, H7) */
+                               the walk waits at the output's directory for this node's compile (herd.c, H7) */
 
 struct kfs_remote_counts {
         uint64_t hits;          /* lookups served a unit from the server */
@@ -114,7 +115,7 @@ struct kfs_remote_counts {
         uint64_t publishes;     /* units stored */
         uint64_t published_before; /* units another node (or this one) had stored first */
         uint64_t touches;       /* units the server was told are in use here */
-        uint64_t herd_waits;    /* lookups that waited for another node's compile */
+        uint64_t herd_waits;    /* lookups that waited for a compile: another node's, or another process's here */
         uint64_t herd_served;   /* of them, answered with what that compile stored */
         uint64_t herd_gave_up;  /* of them, that compiled after all (herd_wait passed, or nothing came) */
         uint64_t trusted_hits;  /* of the hits, those served from a trusted publisher's namespace */
@@ -137,13 +138,14 @@ void kfs_remote_stop(struct kfs *fs);
 void kfs_remote_free(struct kfs *fs);
 
 /* A lookup of name in dir found nothing: asks the server. 0 if the name is there now (made from the
- * server's unit or directory), -ENOENT if not, KFS_REMOTE_UNSURE or KFS_REMOTE_PARKED (HERD; then req
- * is answered by another thread, maybe before this returns: neither req nor dir may be used after).
+ * server's unit or directory), -ENOENT if not, KFS_REMOTE_UNSURE, KFS_REMOTE_RETRY (the caller answers
+ * ESTALE) or KFS_REMOTE_PARKED (HERD; then req is answered by another thread, maybe before this returns:
+ * neither req nor dir may be used after).
  * dfd, dir's descriptor borrowed with kfs_inode_fd(), is given back before it returns. No lock held. */
 int kfs_remote_fetch(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, int dfd, const char *name);
-/* A lookup of name in dir that found it: KFS_REMOTE_PARKED where it is the walk of a process told to look
- * again (KFS_REMOTE_RETRY) reaching the directory of the unit compiled on this node, answered once that
- * compile is done (herd.c, H7); 0 otherwise: answer it now. One atomic load when nobody was told. */
+/* A lookup of name in dir that found it: KFS_REMOTE_PARKED where it is the walk of a thread told to look
+ * again (KFS_REMOTE_RETRY) reaching the directory of the output compiled on this node, answered once that
+ * compile is done (herd.c, H7); 0 otherwise: answer it now. One atomic load when nobody was told lately. */
 int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const char *name);
 /* How long the kernel may remember a miss: shorter than the mount's timeout when a remote is on, since
  * another node may publish the name. */

@@ -10,7 +10,7 @@
 #   no herd:  four processes on two mounts with -o remote= and no herd_wait (then the server is emptied);
 #   herd:     four processes on two fresh mounts with herd_wait=120: together they must store what one
 #             compile stores, no more (each unit compiled by one process of the cluster: the other process
-#             of its node waits at the unit's directory, fs/remote/herd.c H7, and the other node for the
+#             of its node waits at the output's directory, fs/remote/herd.c H7, and the other node for the
 #             publication), and every result must equal the solo run's.
 # Prints a table, kcache stats, and "run-herd-gpu: ok" or FAILED; exit 0 only if every check held.
 # KC_SIM=1: a dry run without a GPU or torch (the workload's 'sim' part: Triton's cache moves, no compile).
@@ -98,6 +98,7 @@ run() {
   done
 }
 run noherd "remote=unix:$SOCK,remote_timeout_ms=200"
+for m in $W/mnt-noherd-1 $W/mnt-noherd-2; do umount $m || umount -l $m; done  # no late publish of theirs
 rcli FLUSHALL >/dev/null
 run herd "remote=unix:$SOCK,remote_timeout_ms=200,herd_wait=120"
 [ "${T[herd.puts]}" = "${T[solo.puts]}" ] \

@@ -431,8 +431,8 @@ def clk_start(cache, first, count):
 
 @pytest.mark.skipif(not os.path.exists(CLK) or not os.path.exists("/etc/OpenCL/vendors/pocl.icd"),
                     reason="needs PoCL and build/tests/clkernels")
-@pytest.mark.parametrize("round", range(3))
-def test_eight_processes_on_four_nodes_missing_one_program_compile_it_once(kfs, redis, round):
+@pytest.mark.parametrize("attempt", range(3))
+def test_eight_processes_on_four_nodes_missing_one_program_compile_it_once(kfs, redis, attempt):
     """Eight real PoCL processes over four nodes start the same program at once: one process in the cluster
     compiles it and builds its kernel; the other process of its node waits for that compile where it holds
     no directory lock (fs/remote/herd.c, H7), and the three other nodes wait for its publication."""
@@ -537,7 +537,7 @@ def test_a_process_of_the_compiling_node_waits_for_that_compile(kfs, redis, rel,
 
 def test_a_compile_killed_on_the_node_sends_its_waiters_to_compile_at_once(kfs, redis):
     """The compiling process killed: the waiting one is answered a miss (never ESTALE) well before
-    herd_wait, and compiles."""
+    herd_wait, so that it compiles itself."""
     m, d, compiler = one_node_herd(kfs, redis)
     waiter = probe(d)
     time.sleep(0.5)
@@ -563,12 +563,14 @@ def test_a_compile_longer_than_herd_wait_never_sends_estale_to_its_waiters(kfs, 
     """Several processes wait on the node while a compile outlasts herd_wait: at its end one of them marks
     the name anew, and the others' walks, still under way, must not be told to look again a second time
     (the kernel retries once: the application would see ESTALE). Each is answered a miss."""
-    m, d, compiler = one_node_herd(kfs, redis, herd_wait="2")  # and it never stores
+    m, d, compiler = one_node_herd(kfs, redis, herd_wait="4")  # and it never stores
     waiters = [probe(d) for _ in range(3)]
     got = [probed(w) for w in waiters]
     compiler.kill()
     compiler.wait(timeout=30)
     assert all(r == errno.ENOENT for r, _ in got), got  # never 116 (ESTALE)
+    # they waited for the compile (not ones that came after its mark's end), until herd_wait, for nothing
+    assert num(m, "herd_waits") >= 2 and num(m, "herd_gave_up") == num(m, "herd_waits")
 
 
 def test_a_waiting_process_killed_goes_at_once(kfs, redis):
@@ -585,7 +587,7 @@ def test_a_waiting_process_killed_goes_at_once(kfs, redis):
         t0 = time.monotonic()
         waiter.kill()
         waiter.wait(timeout=60)
-        assert time.monotonic() - t0 < 5, f"a killed waiter took {time.monotonic() - t0:.1f} s to go"
+        assert time.monotonic() - t0 < 10, f"a killed waiter took {time.monotonic() - t0:.1f} s to go"
     compiler.kill()
     compiler.wait(timeout=30)
     assert num(m, "herd_gave_up") >= 1 and num(other, "herd_gave_up") >= 1

@@ -9,7 +9,7 @@ import pytest
 
 from conftest import wait_for
 from test_cli_kcache import kcache
-from test_opencl_layer import LAYER, PLAIN, layer_env
+from test_opencl_layer import PLAIN, layer_env
 from test_client_libkcache import run_json
 from test_remote import node, num, redis  # noqa: F401 (redis: the fixture)
 
