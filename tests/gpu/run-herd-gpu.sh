@@ -21,13 +21,7 @@ W=/tmp/kcherd SOCK=/tmp/kcherd/redis.sock
 PY=${KC_PYTHON:-python3}
 PART=triton
 [ -n "${KC_SIM:-}" ] && PART=sim
-status=0
-fail() { echo "FAILED: $*"; status=1; }
-kc() { LD_LIBRARY_PATH=$C/lib "$C/bin/kcache" "$@"; }
-rcli() { LD_LIBRARY_PATH=$C/redis/lib "$C/redis/bin/redis-cli" -s $SOCK "$@"; }
-xa() { $PY -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.kcachefs." + sys.argv[2]).decode())' "$1" "$2" 2>/dev/null || echo 0; }
-wait_for() { local t=$1; shift; local end=$((SECONDS + t)); until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done; }
-jget() { $PY -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2], "-"))' "$1" "$2" 2>/dev/null || echo -; }
+. "$HERE/remote-lib.sh"
 
 MOUNTS=()
 umount_all() { for m in "${MOUNTS[@]}"; do mountpoint -q $m && { umount $m 2>/dev/null || umount -l $m; }; done; }

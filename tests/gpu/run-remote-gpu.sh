@@ -26,14 +26,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 W=/tmp/kcremote SOCK=/tmp/kcremote/redis.sock
 MA=$W/mnt-a MB=$W/mnt-b MC=$W/mnt-c BA=$W/private/a BB=$W/private/b BC=$W/private/c
 PY=${KC_PYTHON:-python3}
-status=0
-fail() { echo "FAILED: $*"; status=1; }
-# Only the carried programs get the carried libraries: Python keeps the machine's own.
-kc() { LD_LIBRARY_PATH=$C/lib "$C/bin/kcache" "$@"; }
-rcli() { LD_LIBRARY_PATH=$C/redis/lib "$C/redis/bin/redis-cli" -s $SOCK "$@"; }
-xa() { $PY -c 'import os, sys; print(os.getxattr(sys.argv[1], "user.kcachefs." + sys.argv[2]).decode())' "$1" "$2" 2>/dev/null || echo 0; }
-# until CMD succeeds, polling every 0.2 s, for at most SECONDS
-wait_for() { local t=$1; shift; local end=$((SECONDS + t)); until "$@"; do [ $SECONDS -lt $end ] || return 1; sleep 0.2; done; }
+. "$HERE/remote-lib.sh"
 
 for m in $MA $MB $MC; do mountpoint -q $m && { umount $m || umount -l $m; }; done
 rm -rf $W
@@ -75,7 +68,6 @@ COUNTERS="remote_hits remote_misses remote_publishes remote_published_before rem
 snap() { local m=$1 k; for k in $COUNTERS; do echo "$k=$(xa $m $k)"; done; }
 # delta KEY BEFORE AFTER: AFTER's value of KEY less BEFORE's
 delta() { echo $(( $(echo "$3" | awk -F= -v k=$1 '$1 == k {print $2}') - $(echo "$2" | awk -F= -v k=$1 '$1 == k {print $2}') )); }
-jget() { $PY -c 'import json, sys; print(json.loads(sys.argv[1]).get(sys.argv[2], "-"))' "$1" "$2" 2>/dev/null || echo -; }
 
 # run PART RUNTIME NODE MOUNT TAG: one process of the workload with RUNTIME's cache (kcache env) in MOUNT
 run() {
