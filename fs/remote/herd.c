@@ -17,13 +17,13 @@
  *      on the node that compiles would hold off the compile it waits for, until herd_wait. So the marks
  *      this node set are remembered (mine), with the process that compiles, and its lookups (and those of
  *      the processes it started: a linker) are a miss at once.
- *   H6 Only a mark that ends within herd_wait is waited for: one without a life (not a node's: written
- *      by hand, or by a client the server's ACLs should have kept out) would hold every lookup of the
- *      name for herd_wait, again and again.
  *   H5 A mark won is checked against the unit once more: a compile elsewhere may have been published (its
  *      unit stored, then its mark deleted) between our GET and our SET, and is then fetched, not done
  *      again. The publisher stores the unit before it deletes the marks, so a mark won after the
  *      deletion finds the unit.
+ *   H6 Only a mark that ends within herd_wait is waited for: one without a life (not a node's: written
+ *      by hand, or by a client the server's ACLs should have kept out) would hold every lookup of the
+ *      name for herd_wait, again and again.
  *   H7 Another process of this node that looks the output up while it is compiled here waits where it
  *      holds no directory lock (ONE NODE, below): it is told ESTALE once, the kernel walks its path again
  *      asking for every directory on the way (LOOKUP_REVAL), and that walk's lookup of the output's own
@@ -42,13 +42,12 @@
  * the output lies in (PoCL's program directory, Triton's key directory, JAX's cache directory), the
  * compile's stores into that directory go through, and only that thread's one walk is parked (not a
  * mkdir's revalidation by another, which holds the parent's lock). An output in the mount's root has no
- * directory to wait at. A process that holds a lock of its own across its lookup and its compile
- * (libkcache, the OpenCL layer: client/lock.c) never gets here. Runtimes that find an entry by opening a
- * name relative to a directory they hold open walk nothing again: their second lookup is a miss, and they
- * compile as before. The directories kept with marks, and the invites, are bounded (HERD_MAX): past
- * that, nobody here waits. A thread told to look again that holds a flock through the mount (JAX's
- * .lockfile around its lookup), or whose runtime locks its compiles itself (libkcache:
- * runtimes.h, locks_compile), is never told: the compile may wait for its lock.
+ * directory to wait at. Nobody is told who may hold a lock the compile waits for: a thread of a process
+ * holding a flock through the mount (JAX's .lockfile around its lookup), or one of a runtime that locks
+ * its compiles itself (libkcache and the OpenCL layer, client/lock.c: runtimes.h, locks_compile), whose
+ * other processes wait on that lock instead. Runtimes that find an entry by opening a name relative to a
+ * directory they hold open walk nothing again: their second lookup is a miss, and they compile as before.
+ * The directories kept with marks, and the invites, are bounded (HERD_MAX): past that, nobody here waits.
  */
 #include <errno.h>
 #include <stdint.h>
