@@ -124,22 +124,24 @@ int krt_by_name(const char *name)
         return -1;
 }
 
-bool krt_is_self_locked_output(const char *name)
+/* Whether name is an output of some runtime (of one that locks its compiles itself, with locked_only). */
+static bool output_of(const char *name, bool locked_only)
 {
         for (int i = 0; i < KRT__COUNT; i++)
-                for (const char *const *o = krt_table[i].outputs; krt_table[i].locks_compile && o && *o; o++)
-                        if (fnmatch(*o, name, 0) == 0)
+                for (const char *const *o = krt_table[i].outputs; o && *o; o++)
+                        if ((!locked_only || krt_table[i].locks_compile) && fnmatch(*o, name, 0) == 0)
                                 return true;
         return false;
 }
 
+bool krt_is_self_locked_output(const char *name)
+{
+        return output_of(name, true);
+}
+
 bool krt_is_output_name(const char *name)
 {
-        for (int i = 0; i < KRT__COUNT; i++)
-                for (const char *const *o = krt_table[i].outputs; o && *o; o++)
-                        if (fnmatch(*o, name, 0) == 0)
-                                return true;
-        return false;
+        return output_of(name, false);
 }
 
 bool krt_is_lock_name(const char *name)

@@ -123,28 +123,28 @@ uint64_t kfs_proc_start(pid_t pid)
         return p ? strtoull(p, NULL, 10) : 0;
 }
 
-bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
+/* Whether a thread of process pid holds a flock through us: on bino, or on anything (any). */
+static bool holder_of(struct kfs *fs, bool any, uint64_t bino, pid_t pid)
 {
         pid_t want = pid > 0 ? kfs_tgid_of(pid) : 0;
         if (!want)
                 return false;
-        bool held = false;
+        bool found = false;
         pthread_mutex_lock(&fs->flock.lock);
-        for (struct kfs_flock_holder *h = fs->flock.holders; h && !held; h = h->next)
-                held = h->bino == bino && h->tid > 0 && kfs_tgid_of(h->tid) == want;
+        for (struct kfs_flock_holder *h = fs->flock.holders; h && !found; h = h->next)
+                found = (any || h->bino == bino) && h->tid > 0 && kfs_tgid_of(h->tid) == want;
         pthread_mutex_unlock(&fs->flock.lock);
-        return held;
+        return found;
+}
+
+bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid)
+{
+        return holder_of(fs, false, bino, pid);
 }
 
 bool kfs_flock_holds_any(struct kfs *fs, pid_t pid)
 {
-        pid_t want = pid > 0 ? kfs_tgid_of(pid) : 0;
-        bool held = false;
-        pthread_mutex_lock(&fs->flock.lock);
-        for (struct kfs_flock_holder *h = fs->flock.holders; want && h && !held; h = h->next)
-                held = h->tid > 0 && kfs_tgid_of(h->tid) == want;
-        pthread_mutex_unlock(&fs->flock.lock);
-        return held;
+        return holder_of(fs, true, 0, pid);
 }
 
 /* flock.lock held. Is a lock on bino held by a taker that is gone? */

@@ -195,6 +195,16 @@ static bool was_interrupted(struct kfs_remote *r, struct herd_wait *w)
         return i;
 }
 
+/* Frees w and what it owns (path and key are the caller's again where it never was parked). */
+static void wait_free(struct herd_wait *w)
+{
+        free(w->name);
+        free(w->path);
+        free(w->key);
+        free(w->mark);
+        free(w);
+}
+
 /* Answers w's lookup (H1) and lets it go (H2). */
 static void answer(struct kfs *fs, struct herd_wait *w, bool served)
 {
@@ -203,11 +213,7 @@ static void answer(struct kfs *fs, struct herd_wait *w, bool served)
         (void)was_interrupted(r, w); /* a note of it goes with it */
         kfs_lookup_answer(w->req, w->dir, w->name, 0); /* a miss uncached: this process compiles now */
         kfs_inode_unref(fs, w->dir, 1);
-        free(w->name);
-        free(w->path);
-        free(w->key);
-        free(w->mark);
-        free(w);
+        wait_free(w);
 }
 
 /* Whether w can be answered now: the name here, or fetched, or no longer worth waiting for. */
@@ -450,11 +456,9 @@ static int park(struct kfs *fs, struct herd_wait *w)
                 return KFS_REMOTE_PARKED;
         }
         kfs_inode_unref(fs, w->dir, 1);
-        if (w->local)
-                free(w->path); /* else path and key are the caller's again (kfs_remote_herd) */
-        free(w->name);
-        free(w->mark);
-        free(w);
+        if (!w->local)
+                w->path = w->key = NULL; /* the caller's again (kfs_remote_herd) */
+        wait_free(w);
         return -ENOENT;
 }
 
@@ -595,9 +599,7 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         /* the thread told, not another given its id since; nor a wait past the mark's life */
         if (!w->path || !(w->name = strdup(name)) || !asker_start || kfs_proc_start(tid) != asker_start ||
             now >= w->deadline_ns) {
-                free(w->path);
-                free(w->name);
-                free(w);
+                wait_free(w);
                 return 0;
         }
         w->req = req;
