@@ -24,7 +24,20 @@
  * security.capability on every write and truncate by the daemon, and the two bits only for a daemon
  * without CAP_FSETID; so a root daemon clears them itself (kfs_kill_suid) when a caller other than root
  * writes, truncates or opens with O_TRUNC, as the VFS would: setgid only with group execute. Every
- * mount is nosuid: this keeps the bits honest for stat and for the backing tree. */
+ * mount is nosuid: this keeps the bits honest for stat and for the backing tree.
+ *
+ * CREATED FILES. A runtime publishes an entry by creating a temporary, writing it and renaming it. The
+ * handle CREATE makes of a new file opened write-only is direct (FOPEN_DIRECT_IO): its write(2) goes to
+ * the daemon from the caller's pages, where the kernel's page-cache path first copied the data into
+ * the FUSE inode's pages (a copy, and memory, the backing file's page cache holds again) and, since
+ * the inode is new, asked for security.capability (a GETXATTR round trip; SETUID). Each write is still
+ * one WRITE that reserves (the hard limit), and nothing of the file is cached that a reader could need:
+ * the readers that follow open it anew, through passthrough or a page cache the daemon's OPEN decides.
+ * A write-only descriptor cannot be mapped, so no shared mapping bypasses the reservation either. Pages
+ * of the file that another handle cached are dropped before each such write (fs/fuse/file.c,
+ * fuse_direct_io, on the kernels tested: 6.18), so a reader in the page-cache mode sees what was written
+ * (test_hot_path.py). Not for O_RDWR (mkstemp's): such a writer may read back, and each read would then
+ * be a round trip. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -258,7 +271,8 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         if (!created && (flags & O_TRUNC))
                 kfs_kill_suid(req, fd, NULL); /* (SETUID) */
         fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
-        fi->direct_io = pt != 0 || in->bookkeeping;
+        /* (CREATED FILES) */
+        fi->direct_io = pt != 0 || in->bookkeeping || (created && (flags & O_ACCMODE) == O_WRONLY);
         fi->noflush = 1;
         kfs_pt_reply_next(pt);
         kfs_inode_fd_put(fs, dir, dfd);
