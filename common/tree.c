@@ -127,11 +127,25 @@ static int walk_components(const struct ktree *t, int dfd, const char *rel, int 
         return cur;
 }
 
+/* Whether rel has a ".." component. */
+static bool climbs(const char *rel)
+{
+        for (const char *p = rel; (p = strstr(p, "..")) != NULL; p += 2)
+                if ((p == rel || p[-1] == '/') && (p[2] == '\0' || p[2] == '/'))
+                        return true;
+        return false;
+}
+
 int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)
 {
         dfd = base_of(t, dfd);
         if (!rel || !*rel)
                 rel = ".";
+        /* R3, before any system call: openat2's RESOLVE_BENEATH lets "a/../b" through (it stays beneath),
+         * which the walk refuses, and answers a ".." that would leave with EAGAIN instead of EXDEV
+         * whenever a rename anywhere on the system raced with it (its rename_lock check). */
+        if (climbs(rel))
+                return -EXDEV;
         /* openat2 refuses bits openat ignores (a request's __FMODE_EXEC, flags beside O_PATH) */
         flags &= flags & O_PATH ? (O_PATH | O_DIRECTORY) : OPEN_FLAGS;
         flags |= O_NOFOLLOW | O_CLOEXEC;
