@@ -377,7 +377,7 @@ static struct file_handle *handle_of(struct kfs *fs, int fd)
 
 void kfs_inode_fds_init(struct kfs *fs, uint64_t files)
 {
-        klock_init_hot(&fs->fdc.lock);
+        pthread_mutex_init(&fs->fdc.lock, NULL);
         struct rlimit rl = { 1024, 1024 };
         (void)getrlimit(RLIMIT_NOFILE, &rl);
         /* Half the descriptors for the inodes; the rest for open files, the index, the rings. */
@@ -512,7 +512,7 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
                 atime = (int64_t)st->st_atim.tv_sec * 1000000000LL + st->st_atim.tv_nsec;
         }
         atomic_store(&in->atime_ns, atime);
-        klock_init_hot(&in->lock);
+        pthread_mutex_init(&in->lock, NULL);
 }
 
 /* itable_lock held. Remembers dir/name as where in reopens (DESCRIPTORS). Returns the directory it was

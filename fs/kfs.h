@@ -58,7 +58,6 @@
 #include <syslog.h>
 
 #include "../common/kmap.h"
-#include "../common/lock.h"
 #include "../common/runtimes.h"
 #include "../common/tree.h"
 #include "../index/kidx.h"

@@ -694,8 +694,8 @@ static int init_root(struct kfs *fs)
         fs->root.bino = st.st_ino;
         fs->root.type = S_IFDIR;
         fs->root.nlookup = 1;
-        klock_init_hot(&fs->root.lock);
-        klock_init_hot(&fs->itable_lock);
+        pthread_mutex_init(&fs->root.lock, NULL);
+        pthread_mutex_init(&fs->itable_lock, NULL);
         for (size_t i = 0; i < KFS_NAME_LOCKS; i++)
                 pthread_mutex_init(&fs->name_locks[i], NULL);
         pthread_mutex_init(&fs->settle.lock, NULL);

@@ -6,7 +6,6 @@
 #include <sqlite3.h>
 
 #include "../common/kmap.h"
-#include "../common/lock.h"
 #include "kidx.h"
 
 /* What the batch knows about one file since the last flush. */

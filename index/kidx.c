@@ -203,7 +203,7 @@ int kidx_open(const struct kidx_open_opts *opts, kidx **ret, enum kidx_rebuild_r
                 return -ENOMEM;
         pthread_mutex_init(&idx->db_lock, NULL);
         pthread_mutex_init(&idx->rd_lock, NULL);
-        klock_init_hot(&idx->batch_lock);
+        pthread_mutex_init(&idx->batch_lock, NULL);
         pthread_cond_init(&idx->writer_cond, NULL);
         kmap_init(&idx->touches);
         kmap_init(&idx->sizes);
