@@ -547,10 +547,12 @@ void kfs_pt_forget(struct kfs *fs, struct kfs_inode *in);
 /* "on", or "off: why" (written into buf). */
 const char *kfs_pt_state(struct kfs *fs, char *buf, size_t size);
 /* An open file's handle (fi->fh) is either the daemon's own backing fd (low 32 bits), with KFS_FH_PT for
- * a writer of a passthrough inode; or, for a passthrough reader, KFS_FH_LAZY | a struct kfs_handle *,
- * whose fd is opened at its first use: most never are (the kernel reads the backing file itself), and
- * an open costs no open(2) in the daemon. */
+ * a writer of a passthrough inode and KFS_FH_DIRECT for a new file's direct writer (ops-io.c, CREATED
+ * FILES); or, for a passthrough reader, KFS_FH_LAZY | a struct kfs_handle *, whose fd is opened at its
+ * first use: most never are (the kernel reads the backing file itself), and an open costs no open(2) in
+ * the daemon. */
 #define KFS_FH_PT (1ULL << 32)
+#define KFS_FH_DIRECT (1ULL << 33)
 #define KFS_FH_LAZY (1ULL << 63)
 struct kfs_handle {
         _Atomic int fd;           /* -1 until first needed (flock, fsync, SEEK_DATA, fchmod...) */

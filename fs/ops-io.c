@@ -33,11 +33,17 @@
  * the inode is new, asked for security.capability (a GETXATTR round trip; SETUID). Each write is still
  * one WRITE that reserves (the hard limit), and nothing of the file is cached that a reader could need:
  * the readers that follow open it anew, through passthrough or a page cache the daemon's OPEN decides.
- * A write-only descriptor cannot be mapped, so no shared mapping bypasses the reservation either. Pages
- * of the file that another handle cached are dropped before each such write (fs/fuse/file.c,
- * fuse_direct_io, on the kernels tested: 6.18), so a reader in the page-cache mode sees what was written
- * (test_hot_path.py). Not for O_RDWR (mkstemp's): such a writer may read back, and each read would then
- * be a round trip. */
+ * A write-only descriptor cannot be mapped, so no shared mapping bypasses the reservation either. A
+ * reader of the file meanwhile gets the page-cache mode (passthrough.c), and what it cached of a range
+ * is stale once a direct write rewrote it: Linux 6.18 drops the range's pages after each such write
+ * (fs/fuse/file.c, since "fuse: Invalidate the page cache after FOPEN_DIRECT_IO write"), older kernels
+ * before it or not at all. So each direct write also clears the inode's cache_ok: the next OPEN does
+ * not keep the cache (refresh), and every open after the write reads what was written, on any kernel.
+ * A descriptor opened while the file is being written may keep stale pages on a kernel without that
+ * drop, as with a passthrough inode's writer. The kernel splits a direct write at 256 pages of an
+ * unaligned buffer (two WRITEs per MiB of a malloc'd one), where the page cache sends one per
+ * max_write: the same reservations, a round trip more per MiB. Not for O_RDWR (mkstemp's): such a
+ * writer may read back, and each read would then be a round trip. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -270,9 +276,9 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
                 log_open(req, fs, in, e.ino);
         if (!created && (flags & O_TRUNC))
                 kfs_kill_suid(req, fd, NULL); /* (SETUID) */
-        fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0);
-        /* (CREATED FILES) */
-        fi->direct_io = pt != 0 || in->bookkeeping || (created && (flags & O_ACCMODE) == O_WRONLY);
+        bool direct = created && (flags & O_ACCMODE) == O_WRONLY && !pt; /* (CREATED FILES) */
+        fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0) | (direct ? KFS_FH_DIRECT : 0);
+        fi->direct_io = pt != 0 || in->bookkeeping || direct;
         fi->noflush = 1;
         kfs_pt_reply_next(pt);
         kfs_inode_fd_put(fs, dir, dfd);
@@ -402,6 +408,11 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
         }
         if (res > 0)
                 kfs_kill_suid(req, op.fd, NULL); /* (SETUID) */
+        if (res > 0 && (fi->fh & KFS_FH_DIRECT) && !kfs_lazy_handle(fi)) {
+                pthread_mutex_lock(&in->lock);
+                in->cache_ok = false; /* what readers cached of this range is stale (CREATED FILES) */
+                pthread_mutex_unlock(&in->lock);
+        }
         if (!fs->o.nolog) {
                 int64_t now = kfs_now_ns();
                 kidx_touch(fs->idx, in->bino, now, 0, 0);

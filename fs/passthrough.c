@@ -22,7 +22,9 @@
  *   - a read-only open of an inode with no page-cache open gets passthrough (registering its backing);
  *   - a writer gets the page-cache mode, unless the inode is in passthrough mode already: then it gets
  *     FOPEN_PASSTHROUGH | FOPEN_DIRECT_IO, for which the kernel sends reads and writes to the daemon and
- *     maps the backing file for mmap;
+ *     maps the backing file for mmap. A new file's write-only handle from CREATE is direct
+ *     (FOPEN_DIRECT_IO alone, ops-io.c CREATED FILES), which the kernel counts in neither mode; it is
+ *     counted here as a page-cache open all the same, so readers meanwhile get the page-cache mode;
  *   - a reader of an inode open for writing in the page-cache mode gets that mode too.
  * Our counts (per inode, under in->lock) drop when RELEASE arrives, after the kernel dropped its own, so
  * they never undercount what the kernel holds: each rule above is kept whatever the interleaving.
