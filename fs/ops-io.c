@@ -37,8 +37,9 @@
  * reader of the file meanwhile gets the page-cache mode (passthrough.c), and what it cached of a range
  * is stale once a direct write rewrote it: Linux 6.18 drops the range's pages after each such write
  * (fs/fuse/file.c, since "fuse: Invalidate the page cache after FOPEN_DIRECT_IO write"); older kernels
- * drop them only before the write, or not at all. So each direct write also clears the inode's cache_ok: the next OPEN does
- * not keep the cache (refresh), and every open after the write reads what was written, on any kernel.
+ * drop them only before the write, or not at all. So each direct write also clears the inode's
+ * cache_ok: the next OPEN does not keep the cache (refresh), and every open after the write reads what
+ * was written, on any kernel.
  * A descriptor opened while the file is being written may keep stale pages on a kernel without that
  * drop, as with a passthrough inode's writer. The kernel splits a direct write at 256 pages of an
  * unaligned buffer (two WRITEs per MiB of a malloc'd one), where the page cache sends one per

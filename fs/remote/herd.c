@@ -6,9 +6,9 @@
  *   H1 A parked lookup is answered exactly once: with the name (once it is on this node, or fetched
  *      from the server), or as a miss (the mark gone with nothing stored, herd_wait passed, the mount
  *      stopping, its process interrupted); a walk parked on this node (H7) with the directory it
- *      revalidates. Never left unanswered: its process would hang. Only the herd
- *      thread answers (or park() when the mount stops under it); libfuse's interrupt callback only
- *      notes the request, since the kernel waits for our answer even for a process sent SIGKILL.
+ *      revalidates. Never left unanswered: its process would hang. Only the herd thread answers (or
+ *      park() when the mount stops under it); libfuse's interrupt callback only notes the request,
+ *      since the kernel waits for our answer even for a process sent SIGKILL.
  *   H2 Its directory is held (a lookup reference) while it waits, and let go after the answer.
  *   H3 A wait never outlives herd_wait: a compile that died leaves a mark that expires by itself.
  *   H4 A lookup of the output itself waits only for another node's compile. A lookup waiting in the
@@ -571,9 +571,8 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         uint64_t asker_start = 0;
         pthread_mutex_lock(&r->herd.lock);
         if (now >= r->herd.invites_swept_ns) { /* those whose walk never came back, at most once a second */
-                size_t next = 0;
-                PRUNE(&r->herd.invites, &next, struct herd_invite, invite_free);
-                r->herd.invites_next = r->herd.invites.count * 2 > 1024 ? r->herd.invites.count * 2 : 1024;
+                r->herd.invites_next = 0; /* a prune now, whatever the count; it sets the next bound */
+                PRUNE(&r->herd.invites, &r->herd.invites_next, struct herd_invite, invite_free);
                 r->herd.invites_swept_ns = now + 1000000000LL;
                 atomic_store(&r->herd.ninvites, r->herd.invites.count);
         }
