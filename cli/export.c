@@ -95,6 +95,8 @@ static const struct { const char *key, *type, *help; } METRICS[] = {
         { "rebuilds", "counter", "Rebuilds of the index from the backing directory." },
         { "passthrough_opens", "counter", "Opens served by kernel passthrough." },
         { "ring_requests", "counter", "Requests served through io_uring." },
+        { "refreshed", "counter", "Files whose attributes the kernel got anew after a release." },
+        { "refresh_dropped", "counter", "Files whose attributes were dropped at release instead of refreshed." },
         { "helped_writes", "counter", "Writes granted room by another request's eviction." },
         { "blocked_writes", "counter", "Writes that found no room and waited for an eviction." },
         { "background_evictions", "counter", "Descents to the low watermark run ahead of the writes." },

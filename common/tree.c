@@ -16,6 +16,9 @@
 #define SYS_openat2 437
 #endif
 
+#ifndef RESOLVE_CACHED
+#define RESOLVE_CACHED 0x20 /* Linux 5.12 */
+#endif
 #define RESOLVE_SAFE (RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV)
 
 #define OPEN_FLAGS (O_ACCMODE | O_CREAT | O_EXCL | O_NOCTTY | O_TRUNC | O_APPEND | O_NONBLOCK | O_DSYNC | \
@@ -163,6 +166,18 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
                 have_openat2 = -1;
         }
         return walk_components(t, dfd, rel, flags, mode);
+}
+
+int ktree_open_cached(const struct ktree *t, int dfd, const char *rel)
+{
+        dfd = base_of(t, dfd);
+        if (!rel || !*rel)
+                rel = ".";
+        if (climbs(rel))
+                return -EXDEV;
+        struct open_how how = { .flags = O_PATH | O_NOFOLLOW | O_CLOEXEC, .resolve = RESOLVE_SAFE | RESOLVE_CACHED };
+        long fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
+        return fd >= 0 ? (int)fd : -errno;
 }
 
 int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)

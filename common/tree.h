@@ -60,6 +60,11 @@ int ktree_open(const struct ktree *t, int dfd, const char *rel, int flags, mode_
  * O_NONBLOCK is cleared again on the regular file returned. -ENXIO: not a regular file (a FIFO, a socket,
  * a device); other -errno as ktree_open. */
 int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode);
+/* ktree_open(O_PATH) of REL beneath DFD from what the kernel has cached only (openat2's RESOLVE_CACHED,
+ * Linux 5.12+): a name it would have to look up, or revalidate, fails with -EAGAIN instead. On a FUSE mount
+ * this is a resolution that sends no request (fs/refresh.c, whose child resolves names in the daemon's own
+ * mount). No fallback walk: -ENOSYS or -EINVAL where the kernel lacks it; other -errno as ktree_open. */
+int ktree_open_cached(const struct ktree *t, int dfd, const char *rel);
 /* ktree_open(O_PATH) and fstat: the object itself, never a symlink's target. */
 int ktree_stat(const struct ktree *t, int dfd, const char *rel, struct stat *st);
 /* A directory stream on REL beneath DFD (ktree_open with O_RDONLY|O_DIRECTORY). NULL with errno set. */

@@ -515,6 +515,25 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
         pthread_mutex_init(&in->lock, NULL);
 }
 
+/* itable_lock held. Remembers dir/name as the path the kernel knows in by (kpath, for refresh.c): the
+ * directory's path and the name. NULL where the directory's is not known, or the path would be longer
+ * than a record of refresh.c's takes. Unchanged (no allocation) where it already is that path. */
+static void kpath_set_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
+{
+        if (!dir || in == &fs->root)
+                return;
+        const char *d = dir == &fs->root ? "" : dir->kpath;
+        size_t dl = d ? strlen(d) : 0, nl = strlen(name);
+        if (d && in->kpath && !strncmp(in->kpath, d, dl) && (!dl || in->kpath[dl] == '/') &&
+            !strcmp(in->kpath + dl + (dl ? 1 : 0), name))
+                return;
+        char *p = d && dl + 1 + nl < KFS_KPATH_MAX ? malloc(dl + nl + 2) : NULL;
+        if (p)
+                snprintf(p, dl + nl + 2, "%s%s%s", d, dl ? "/" : "", name);
+        free(in->kpath);
+        in->kpath = p;
+}
+
 /* itable_lock held. Remembers dir/name as where in reopens (DESCRIPTORS). Returns the directory it was
  * seen in before, whose reference the caller drops (kfs_inode_unref) once it has let the lock go. */
 static struct kfs_inode *seen_at_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
@@ -537,6 +556,8 @@ void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const
 {
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, bino);
+        if (in)
+                kpath_set_locked(fs, in, dir, name);
         struct kfs_inode *old = in ? seen_at_locked(fs, in, dir, name) : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (old)
@@ -545,11 +566,17 @@ void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const
 
 void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *dir, const char *name, int fd)
 {
-        if (fs->fdc.handles)
-                return;
         struct kfs_inode *up = NULL;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
+        if (in && in->kpath && st->st_nlink <= 1) { /* its last name: no path leads to it any more */
+                free(in->kpath);
+                in->kpath = NULL;
+        }
+        if (fs->fdc.handles) {
+                pthread_mutex_unlock(&fs->itable_lock);
+                return;
+        }
         if (in && in->up == dir && in->name && !strcmp(in->name, name)) {
                 up = in->up;
                 in->up = NULL;
@@ -604,6 +631,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         if (in) {
                 in->nlookup++;
                 kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict/prune.c) */
+                kpath_set_locked(fs, in, dir, name);
                 old = seen_at_locked(fs, in, dir, name);
                 pthread_mutex_unlock(&fs->itable_lock);
                 if (old)
@@ -645,6 +673,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */
                 kfs_dir_named(in);
+                kpath_set_locked(fs, in, dir, name);
                 old = seen_at_locked(fs, in, dir, name);
         } else if (kmap_put(&fs->itable, n->bino, n) < 0) {
                 pthread_mutex_unlock(&fs->itable_lock);
@@ -654,6 +683,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
                 free(n);
                 return -ENOMEM;
         } else {
+                kpath_set_locked(fs, n, dir, name);
                 if (!n->fh)
                         (void)seen_at_locked(fs, n, dir, name); /* a new inode: no old directory */
                 fd_adopt(fs, n); /* before anyone can find it: from here the fd is the set's */
@@ -735,6 +765,7 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 fd_forget(fs, in);
                 pthread_mutex_destroy(&in->lock);
                 free(in->name);
+                free(in->kpath);
                 free(in);
         }
         if (up) /* its reference on the directory it was seen in (DESCRIPTORS) */
@@ -768,6 +799,7 @@ void kfs_inode_table_free(struct kfs *fs)
                                 close(in->fd);
                         free(in->fh);
                         free(in->name);
+                        free(in->kpath);
                         pthread_mutex_destroy(&in->lock);
                         free(in);
                 }

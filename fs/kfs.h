@@ -42,6 +42,7 @@
 #pragma once
 
 #define KFS_NAME_LOCKS 64
+#define KFS_KPATH_MAX 3968 /* an inode's kpath, and the record refresh.c sends it in */
 #define KFS_OPCODES 64 /* FUSE opcodes counted one by one (kfs_count_request); the last counts any higher one */
 
 #define FUSE_USE_VERSION 314
@@ -101,6 +102,8 @@ struct kfs_opts {
         int nolog;                /* debug: no access log (for measuring its cost) */
         int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
         int nouring;              /* never use FUSE over io_uring (ring.c) */
+        int norefresh;            /* drop the kernel's attributes at RELEASE instead of refreshing them
+                                     (refresh.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         int stale_locks;          /* a lock file whose creator has exited is removed when looked up
                                      (ops-entry.c, STALE LOCKS) */
@@ -169,7 +172,12 @@ struct kfs_inode {
         bool cache_ok;            /* size/mtime describe the kernel's page cache; lock */
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them
-                                     (at RELEASE: ops-io.c, ATIME) */
+                                     or refresh them (at RELEASE: ops-io.c, ATIME) */
+        char *kpath;              /* the path the kernel last looked it up, made it or renamed it by, from
+                                     the mount's root ("" for the root), or NULL: not known. Whoever renames
+                                     a directory leaves its descendants' paths stale: refresh.c checks the
+                                     inode number it reaches. itable_lock */
+        _Atomic bool refresh_pending; /* in refresh.c's queue, not yet sent to its child (refresh.c, ORDER) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
                                      for it (settle.c, MARGIN), released when the settler measures it; lock */
@@ -221,6 +229,21 @@ struct kfs {
                 bool started, stop; /* its thread; lock */
                 pthread_t thread;
         } kprune;
+        struct {                  /* the kernel's attributes refreshed after a release (refresh.c) */
+                bool wanted;      /* a root daemon, logging, not -o norefresh; set before the loop */
+                dev_t dev;        /* the mount's device, read from the clone taken at mount */
+                _Atomic pid_t child; /* its child process, whose requests are counted as OWN; 0: none */
+                pthread_mutex_t lock; /* a leaf */
+                pthread_cond_t cond;
+                struct kfs_refresh_item *q; /* files released, waiting for the thread; lock */
+                size_t n, cap;    /* lock */
+                bool started, sleeping, stop; /* the thread; lock */
+                bool closed;      /* the session is going: no more notifications; lock */
+                unsigned notifying; /* the thread's notifications under way; lock */
+                int64_t retry_at; /* no thread or child could be started: not before this (ns); lock */
+                pthread_t thread;
+                _Atomic uint64_t sent, dropped; /* files refreshed by the child; dropped instead */
+        } refresh;
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
@@ -470,6 +493,21 @@ size_t kfs_settle_all(struct kfs *fs);
 /* Stops the settler and measures what is left (before the index closes). */
 void kfs_settle_stop(struct kfs *fs);
 
+/* refresh.c */
+/* At mount, before the loop: whether refreshing can be on, and the mount's device (REFRESH). */
+void kfs_refresh_setup(struct kfs *fs);
+/* At RELEASE of a handle of in (kernel inode ino): the kernel gets in's attributes with the logged atime
+ * again, refreshed by the child (a reader's release) or dropped so that it asks (a writer's, or where the
+ * child cannot). No lock held. */
+void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer);
+/* The loop ended: no more notifications (before the session is destroyed). */
+void kfs_refresh_close(struct kfs *fs);
+/* After the session is destroyed: the child ends, the thread is joined. */
+void kfs_refresh_stop(struct kfs *fs);
+/* The child: kcachefs --refresh-child MAJ:MIN, exec'd by the daemon with the mount's clone on fd 3 and its
+ * socket on fd 4. Returns the exit status. */
+int kfs_refresh_child(const char *dev);
+
 /* flock.c */
 /* The process a thread belongs to (requests carry thread ids), or 0. */
 pid_t kfs_tgid_of(pid_t tid);
@@ -501,7 +539,10 @@ void kfs_kprune_stop(struct kfs *fs);
 /* After the session is mounted (and kfs_pt_setup): installs our device I/O unless nothing needs it. */
 void kfs_dev_setup(struct kfs *fs);
 /* Counts a request of opcode as the kernel sent it (through /dev/fuse or a ring), before libfuse sees it. */
-void kfs_count_request(struct kfs *fs, uint32_t opcode);
+/* Counts a request the kernel sent, by opcode; one sent for the daemon's own process (refresh.c's child,
+ * pid) as OWN instead. */
+void kfs_count_request(struct kfs *fs, uint32_t opcode, uint32_t pid);
+#define KFS_OPCODE_OWN (KFS_OPCODES - 2)
 /* The counts as `OPEN 3 GETATTR 1 ...` (nonzero ones, by opcode), into buf; as snprintf. */
 int kfs_requests_text(struct kfs *fs, char *buf, size_t size);
 

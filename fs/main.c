@@ -97,6 +97,10 @@ static void usage(const char *prog)
                "                            over io_uring (Linux 6.14+; as root on 6.18+ the fuse module's\n"
                "                            enable_uring is turned on), which serves each request on the CPU\n"
                "                            that made it\n"
+               "    -o norefresh            after a file is closed, drop the kernel's attributes of it (so\n"
+               "                            that the next stat asks) instead of refreshing them at once from\n"
+               "                            a child process (a root daemon's default): then the next open's\n"
+               "                            fstat waits for a GETATTR\n"
                "    -o nolog                debugging: do not log accesses (LRU order becomes creation order)\n"
                "    -o config=FILE          read settings from FILE, key = value lines with the names of these\n"
                "                            options (max_size = 20G); -o options win over it. SIGHUP re-reads\n"
@@ -722,6 +726,8 @@ int main(int argc, char *argv[])
         bool served = false;
         struct kfs_log *log = NULL;
 
+        if (argc == 3 && !strcmp(argv[1], "--refresh-child"))
+                return kfs_refresh_child(argv[2]); /* exec'd by the daemon (refresh.c) */
         kfs_log_init();
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;
@@ -846,6 +852,7 @@ int main(int argc, char *argv[])
         mark_lock(lock_fd, "mounted", fs.o.mountpoint);
         kfs_pt_setup(&fs);
         kfs_dev_setup(&fs);
+        kfs_refresh_setup(&fs);
         if ((r = kidx_mark_dirty(fs.idx)) < 0 || (r = kidx_start_writer(fs.idx, fs.o.flush_ms)) < 0) {
                 fail("cannot start: %s", strerror(-r));
                 goto out_unmount;
@@ -893,6 +900,7 @@ int main(int argc, char *argv[])
         mark_lock(lock_fd, "stopping", NULL);
         sd_notify(0, "STOPPING=1");
 out_unmount:
+        kfs_refresh_close(&fs); /* no more notifications: the session goes below */
         kfs_remote_stop(&fs); /* its publisher reads the tree through the index's names */
         kfs_settle_stop(&fs); /* its last measurements reach the index, which closes below */
         kev_stop(&fs);
@@ -906,6 +914,7 @@ out_signals:
         fuse_remove_signal_handlers(fs.se);
 out_session:
         fuse_session_destroy(fs.se);
+        kfs_refresh_stop(&fs); /* its child's last request ended with the connection */
 out_idx:
         /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
         kidx_close(fs.idx, ret == 0);

@@ -35,8 +35,8 @@ void kfs_fix_attr(const struct kfs_inode *in, struct stat *st)
 /* e->attr holds in's backing stat; in has the lookup reference e gives the kernel. */
 static void fill_entry(struct kfs *fs, struct kfs_inode *in, struct fuse_entry_param *e)
 {
+        atomic_store(&in->attr_cached, true); /* before the atime is read: a RELEASE in between sees it */
         kfs_fix_attr(in, &e->attr);
-        atomic_store(&in->attr_cached, true);
         e->ino = (fuse_ino_t)(uintptr_t)in;
         e->attr_timeout = e->entry_timeout = fs->o.timeout;
 }
@@ -230,8 +230,8 @@ static void reply_attr(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, str
                 fuse_reply_err(req, -r);
                 return;
         }
+        atomic_store(&in->attr_cached, true); /* before the atime is read: a RELEASE in between sees it */
         kfs_fix_attr(in, &st);
-        atomic_store(&in->attr_cached, true);
         fuse_reply_attr(req, &st, fs->o.timeout);
 }
 

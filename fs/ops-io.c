@@ -3,13 +3,14 @@
  * The access log is written here: every open, read, write and create is one kidx_touch() (memory only).
  *
  * ATIME. The kernel's view of atime follows the log at the latest once the opener has closed the file:
- * RELEASE (which the kernel sends as the last descriptor of an open closes, in the background) invalidates
- * the kernel's cached attributes of the inode (attributes only, never its pages), so the next stat asks
- * and gets the logged atime. Not at OPEN: the runtime's fstat right after its open would then wait for a
- * GETATTR round trip, the one request a hit needs besides OPEN. After a read through passthrough the
- * kernel invalidates atime itself (fs/fuse/passthrough.c: fuse_file_accessed -> fuse_invalidate_atime,
- * Linux 6.9+), so the stat after such a close asks whatever the order; an open without a read, or reads
- * from the page cache, show their access once the daemon has had the RELEASE, a moment after close().
+ * at RELEASE (which the kernel sends as the last descriptor of an open closes, in the background) the
+ * daemon hands the kernel the inode's attributes anew, with the logged atime: a reader's release queues
+ * the file for refresh.c, whose child asks for them (one GETATTR nobody waits for); a writer's release, or
+ * one the child cannot take, invalidates the kernel's attributes instead (never its pages), so the next
+ * stat asks. Not at OPEN: the runtime's fstat right after its open would then wait for a GETATTR round
+ * trip. After a read through passthrough the kernel invalidates atime itself (fs/fuse/passthrough.c:
+ * fuse_file_accessed -> fuse_invalidate_atime, Linux 6.9+); the refresh after the release answers that
+ * too, so that the next hit's fstat asks nothing (refresh.c, WHY).
  *
  * Space: an operation that may allocate first reserves an upper bound of what it can allocate
  * (estimate()), which may evict (evict/space.c); afterwards it re-reads st_blocks and the index's used total
@@ -138,14 +139,6 @@ static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_
         kfs_remote_touch(fs, in->bino); /* the shared tier hears of it too (remote/touch.c) */
         (void)req;
         (void)ino; /* the kernel hears of the new atime at RELEASE (ATIME) */
-}
-
-/* At RELEASE (ATIME). Attributes only (offset -1): takes no inode lock in the kernel, so it is safe from a
- * handler. Skipped when the kernel holds no attributes of ours since the last invalidation: it will ask. */
-static void atime_to_kernel(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
-{
-        if (!fs->o.nolog && S_ISREG(in->type) && atomic_exchange(&in->attr_cached, false))
-                fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
 }
 
 void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
@@ -492,7 +485,8 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         }
         kfs_pt_release(fs, in, pt);
         bool evicted = count_open(fs, in, is_writer(fi->flags), -1);
-        atime_to_kernel(fs, in, ino); /* before the reply: nothing may forget the inode meanwhile */
+        kfs_refresh_release(fs, in, ino, is_writer(fi->flags)); /* (ATIME) before the reply: nothing may
+                                                                   forget the inode meanwhile */
         fuse_reply_err(req, 0);
         if (evicted) /* the kernel may forget it now (kprune.c); in may be freed once replied */
                 kfs_kprune_later(fs, ino);

@@ -215,6 +215,8 @@ static const struct fuse_opt kfs_optspec[] = {
         OPT("stale_locks", stale_locks),
         OPT("nopassthrough", nopassthrough),
         OPT("nouring", nouring),
+        OPT("norefresh", norefresh),
+        FUSE_OPT_KEY("refresh", FUSE_OPT_KEY_DISCARD), /* the default */
         FUSE_OPT_KEY("uring", FUSE_OPT_KEY_DISCARD), /* the default, accepted where said explicitly */
         OPT("rebuild", rebuild),
         OPT("tighten", tighten),

@@ -286,7 +286,7 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
         memcpy(start + sizeof(in), e->hdr.op_in, op);
         struct fuse_buf b = { .size = in.len, .mem = start };
         atomic_fetch_add_explicit(&t->fs->ring_requests, 1, memory_order_relaxed);
-        kfs_count_request(t->fs, in.opcode);
+        kfs_count_request(t->fs, in.opcode, in.pid);
         e->replied = false;
         atomic_store(&e->unique, in.unique);
         cur_ent = e;

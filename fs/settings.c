@@ -80,6 +80,7 @@ static const struct key {
         { "nolog", K_FLAG, offsetof(struct kfs_opts, nolog), false },
         { "nopassthrough", K_FLAG, offsetof(struct kfs_opts, nopassthrough), false },
         { "nouring", K_FLAG, offsetof(struct kfs_opts, nouring), false },
+        { "norefresh", K_FLAG, offsetof(struct kfs_opts, norefresh), false },
         { "rebuild", K_FLAG, offsetof(struct kfs_opts, rebuild), false },
         { "tighten", K_FLAG, offsetof(struct kfs_opts, tighten), false },
 };
@@ -405,7 +406,7 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                          "stale_locks=%d\nlayout=%s\ntimeout=%.10g\nflush_ms=%u\ninode_fds=%zu\nindex=%s\nbacking=%s\n"
                          "mountpoint=%s\nconfig=%s\nlog=%s\nremote=%s\nremote_auth=%s\nremote_publish=%s\n"
                          "remote_publisher=%s\nremote_trusted=%s\nremote_timeout_ms=%u\nremote_negative_s=%.10g\n"
-                         "remote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\nnouring=%d\nrebuild=%d\n"
+                         "remote_touch_s=%.10g\nherd_wait=%.10g\nnolog=%d\nnopassthrough=%d\nnouring=%d\nnorefresh=%d\nrebuild=%d\n"
                          "tighten=%d\nallow_other=%d\nowner=%u\n",
                          __atomic_load_n(&o->max_size, __ATOMIC_RELAXED),
                          __atomic_load_n(&o->low_watermark, __ATOMIC_RELAXED),
@@ -414,7 +415,7 @@ int kfs_settings_show(struct kfs *fs, char *buf, size_t size)
                          v[PIN], __atomic_load_n(&o->stale_locks, __ATOMIC_RELAXED), v[LAYOUT], o->timeout,
                          o->flush_ms, fds, v[INDEX], v[BACKING], v[MNT], v[CONFIG], v[LOG], v[REMOTE], v[AUTH],
                          v[PUBLISH], v[PUBLISHER], v[TRUSTED], o->remote_timeout_ms, o->remote_negative_s,
-                         o->remote_touch_s, o->herd_wait, o->nolog, o->nopassthrough, o->nouring, o->rebuild,
+                         o->remote_touch_s, o->herd_wait, o->nolog, o->nopassthrough, o->nouring, o->norefresh, o->rebuild,
                          o->tighten, o->allow_other, (unsigned)fs->owner);
         for (int i = 0; i < NSTR; i++)
                 free(v[i]);

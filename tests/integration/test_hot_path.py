@@ -6,19 +6,46 @@ what the kernel sent, by opcode), so that a regression fails here rather than in
   close() in the background and is counted apart; no FLUSH (the daemon opens with FOPEN_NOFLUSH), no
   GETATTR (the access reaches the kernel's attributes at RELEASE, not at OPEN), no READ (passthrough, or
   the kernel's page cache kept for an unchanged file);
+- so does a hit right after a hit, with nothing in between: a root daemon's child refreshes the
+  attributes after each release (fs/refresh.c), whose GETATTR is counted as OWN and waited for by nobody;
 - after the opener closed the file, stat shows the logged last access (fs/ops-io.c, ATIME)."""
+import ctypes
 import os
 import re
+import struct
 import select
 import shutil
+import signal
 import subprocess
 import time
 
 import pytest
 
-from conftest import wait_for
+from conftest import pid_alive, wait_for
 
-SYNC_FREE = {"RELEASE", "FORGET", "BATCH_FORGET", "INTERRUPT"}  # the kernel waits for none of these
+# The kernel waits for none of these; OWN: the daemon's own child's (fs/refresh.c), which no caller waits for
+SYNC_FREE = {"RELEASE", "FORGET", "BATCH_FORGET", "INTERRUPT", "OWN"}
+AT_EMPTY_PATH, AT_SYMLINK_NOFOLLOW, AT_STATX_DONT_SYNC = 0x1000, 0x100, 0x4000
+STATX_ATIME = 0x20
+
+
+def cached_atime_ns(path):
+    """The atime the kernel holds for path, without asking the daemon (statx AT_STATX_DONT_SYNC)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    buf = ctypes.create_string_buffer(256)
+    if libc.statx(-100, os.fsencode(path), AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC, STATX_ATIME, buf) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), path)
+    sec, nsec = struct.unpack_from("=qI", buf.raw, 64)  # struct statx: stx_atime
+    return sec * 1000000000 + nsec
+
+
+def counter(m, name):
+    return int(os.getxattr(m.mnt, f"user.kcachefs.{name}"))
+
+
+def refreshes(m):
+    return counter(m, "refreshed"), counter(m, "refresh_dropped")
 
 
 def requests(m):
@@ -91,8 +118,14 @@ def test_a_warm_hit_costs_one_synchronous_request(kfs, mode, neo):
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "page cache"])
-def test_after_close_stat_shows_the_logged_atime(kfs, mode):
-    m = kfs({"nopassthrough": mode == "page cache"})
+@pytest.mark.parametrize("after", ["dropped", "refreshed"])
+def test_after_close_stat_shows_the_logged_atime(kfs, mode, after):
+    """Dropped (-o norefresh, or a daemon that is not root): the next stat asks, and gets the logged atime.
+    Refreshed: the kernel holds the logged atime before anyone asks (read without asking: statx
+    AT_STATX_DONT_SYNC), and a stat then sends nothing."""
+    if after == "refreshed" and os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({"nopassthrough": mode == "page cache", "norefresh": after == "dropped"})
     path = m.path("k.bin")
     with open(path, "wb") as f:
         f.write(b"k" * 8192)
@@ -107,8 +140,149 @@ def test_after_close_stat_shows_the_logged_atime(kfs, mode):
         os.close(fd)
         # At the latest once the daemon has had the RELEASE that close() queued (kcachefs(8), ATIME);
         # without it the kernel would trust the attributes for an hour (-o timeout).
+        if after == "refreshed":
+            wait_for(lambda: cached_atime_ns(path) == logged, timeout=5, what="the logged atime in the kernel")
+            before = requests(m)
+            assert os.stat(path).st_atime_ns == logged
+            assert "GETATTR" not in delta(before, requests(m)), "the refreshed attributes were not valid"
         wait_for(lambda: os.stat(path).st_atime_ns == logged, timeout=5, what="the logged atime in stat")
         assert int(os.getxattr(path, "user.kcachefs.atime_ns")) == logged
+
+
+def hit_and_wait(m, path, neo, data):
+    """A hit, and its release and refresh done: the kernel holds the file's attributes again."""
+    done = sum(refreshes(m))
+    assert runtime_hit(path, neo) == data
+    wait_for(lambda: sum(refreshes(m)) > done, what="the refresh after the hit")
+
+
+@pytest.mark.parametrize("mode", ["passthrough", "page cache"])
+@pytest.mark.parametrize("neo", [False, True], ids=["fstat", "lseek"])
+@pytest.mark.parametrize("made", ["written", "renamed"])
+def test_a_hit_right_after_a_hit_costs_only_open(kfs, mode, neo, made):
+    """Issue #24's count: a runtime that hits the same file again, nothing in between, sends OPEN alone
+    (and RELEASE after it). Before fs/refresh.c the second hit's fstat waited for a GETATTR: the first hit's
+    RELEASE dropped the attributes, and a read through passthrough drops atime by itself. Published both
+    ways a runtime does: written in place, or written to a temporary name and renamed (the name the kernel
+    knows it by then is the new one, fs/inode.c kpath)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({"nopassthrough": mode == "page cache"})
+    pt = os.getxattr(m.mnt, "user.kcachefs.passthrough").decode()
+    if mode == "passthrough" and pt != "on":
+        pytest.skip(f"no passthrough here: {pt}")
+    os.mkdir(m.path("d"))
+    data = os.urandom(256 << 10)
+    path = m.path("d/k.bin")
+    with open(path + ".tmp" if made == "renamed" else path, "wb") as f:
+        f.write(data)
+    if made == "renamed":
+        os.rename(path + ".tmp", path)
+    assert runtime_hit(path, neo) == data  # the first reader's open: page cache or passthrough chosen
+    wait_for(lambda: sum(refreshes(m)) >= 1, what="the first refresh")
+    for _ in range(3):
+        hit_and_wait(m, path, neo, data)
+    ok, dropped = refreshes(m)
+    before = requests(m)
+    hit_and_wait(m, path, neo, data)
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)  # our own reading of the counters
+    sync = {k: v for k, v in d.items() if k not in SYNC_FREE}
+    assert sync == {"OPEN": 1}, f"a hit right after a hit sent {d}"
+    assert d.get("RELEASE") == 1 and d.get("OWN") == 1, d
+    assert refreshes(m) == (ok + 1, dropped), "the child could not refresh the file"
+
+
+def test_a_stale_path_is_dropped_never_followed(kfs):
+    """The child resolves the name the kernel last knew a file by. A directory renamed behind it leaves
+    that name stale, and whoever can write there may put a symlink, or another file, at the old path: the
+    child must neither follow the one nor refresh the other (it checks the inode number), and the file is
+    dropped instead, which still brings the logged atime to stat."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    os.mkdir(m.path("a"))
+    with open(m.path("a/f"), "wb") as f:
+        f.write(b"f" * 4096)
+    os.mkdir(m.path("elsewhere"))
+    with open(m.path("elsewhere/f"), "wb") as f:
+        f.write(b"e" * 4096)
+    for swap in ("symlink", "another file"):
+        os.rename(m.path("a"), m.path("b"))  # f's dentry moves with it: the kernel looks nothing up again
+        if swap == "symlink":
+            os.symlink(m.path("elsewhere"), m.path("a"))  # an absolute one, out of the mount, too
+        else:
+            os.mkdir(m.path("a"))
+            with open(m.path("a/f"), "wb") as f:
+                f.write(b"x" * 4096)
+        os.stat(m.path("b/f"))
+        ok, dropped = refreshes(m)
+        e_atime = int(os.getxattr(m.path("elsewhere/f"), "user.kcachefs.atime_ns"))
+        with open(m.path("b/f"), "rb") as f:
+            assert f.read() == b"f" * 4096
+        logged = int(os.getxattr(m.path("b/f"), "user.kcachefs.atime_ns"))
+        wait_for(lambda: refreshes(m) != (ok, dropped), what="the refresh or the drop")
+        assert refreshes(m) == (ok, dropped + 1), f"{swap} at the old path: refreshed {refreshes(m)}"
+        assert os.stat(m.path("b/f")).st_atime_ns == logged
+        assert int(os.getxattr(m.path("elsewhere/f"), "user.kcachefs.atime_ns")) == e_atime
+        if swap == "symlink":
+            os.unlink(m.path("a"))
+        else:
+            shutil.rmtree(m.path("a"))
+        os.rename(m.path("b"), m.path("a"))
+        with open(m.path("a/f"), "rb") as f:  # known as a/f again (its kpath is, after the rename)
+            f.read()
+
+
+def refresh_child(m):
+    """The pid of the mount's refresher (fs/refresh.c): a child of the daemon, or None."""
+    daemon = m.pid()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == daemon and b"--refresh-child" in argv:
+            return int(pid)
+    return None
+
+
+def test_the_refresher_killed_comes_back_and_goes_at_unmount(kfs):
+    """Killing the child costs nothing but drops: the files it held are dropped (stat shows the logged
+    atime all the same), a new child starts a few seconds later, and at unmount the child and the daemon
+    both end (the child's clone of the mount must not keep the daemon serving)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    path = m.path("k.bin")
+    with open(path, "wb") as f:
+        f.write(b"k" * 4096)
+    hit_and_wait(m, path, False, b"k" * 4096)
+    child = refresh_child(m)
+    assert child, "no refresher after a hit"
+    os.kill(child, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        ok, dropped = refreshes(m)
+        runtime_hit(path, False)
+        logged = int(os.getxattr(path, "user.kcachefs.atime_ns"))
+        wait_for(lambda: refreshes(m) != (ok, dropped), what="the refresh or the drop")
+        assert os.stat(path).st_atime_ns == logged
+        if refreshes(m)[0] > ok:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"no refresh for 30 s after the child was killed: {refreshes(m)}")
+    assert refreshes(m)[1] >= 1, "the killed child's file was not dropped"
+    new = refresh_child(m)
+    assert new and new != child
+    daemon = m.pid()
+    m.stop()  # fusermount3 -u, then waits for the daemon's exit
+    wait_for(lambda: not pid_alive(new), what="the child's exit")
+    assert not pid_alive(daemon)
 
 
 

@@ -317,6 +317,7 @@ def test_every_option_of_kcachefs_help_is_a_setting_of_the_file_and_of_config(kf
               "stale_locks": ("yes", 1), "grace_ms": ("150", 150), "inode_fds": ("64", 64),
               "index": (None, None), "timeout": ("5", 5), "flush_ms": ("100", 100), "log": (None, None),
               "rebuild": ("yes", None), "tighten": ("no", None), "nopassthrough": ("yes", 1), "nouring": ("yes", 1),
+              "norefresh": ("yes", 1),
               "nolog": ("no", 0), "remote": ("redis://127.0.0.1:1", "redis://127.0.0.1:1"),
               "remote_auth": (auth, auth), "remote_timeout_ms": ("7", 7), "remote_negative_s": ("9", 9),
               "remote_touch_s": ("2", 2), "herd_wait": ("1", 1), "remote_publish": ("ci", "ci"),

@@ -1,0 +1,511 @@
+/* refresh.c: the kernel's attributes of a file handed back, with the logged atime, after each release.
+ *
+ * WHY. A runtime's hit is open, fstat (or lseek(SEEK_END)) for the size, read to the end, close. The
+ * kernel answers the fstat from the attributes it holds, unless they are invalid; two things make them so
+ * after every hit: the daemon dropped them at RELEASE, since FUSE has no message that hands the kernel new
+ * attributes, only one that drops them, and dropping is how the logged atime reached stat after close
+ * (ops-io.c, ATIME); and the kernel drops atime itself after every read through passthrough
+ * (fuse_file_accessed). So each hit of a file read before cost two requests that wait, OPEN and GETATTR.
+ * Here the GETATTR moves out of the hit: after a reader's release, a child process of the daemon stats the
+ * file through the mount with AT_STATX_FORCE_SYNC, the kernel sends that GETATTR, and its answer (with the
+ * logged atime, as every answer has) replaces what the kernel held. Nobody waits for it; the next opener's
+ * fstat finds valid attributes and asks nothing. A writer's release drops the attributes as before: its
+ * file is new, and will be looked up and stat'ed by its readers anyway.
+ *
+ * WHY A CHILD PROCESS. A daemon's thread that waits for its own daemon's answer is not released when the
+ * daemon is killed: FUSE waits, uninterruptibly, for the answer of a request it has handed to the daemon,
+ * so a SIGKILLed daemon whose thread waited on its own GETATTR kept /dev/fuse open through that thread,
+ * and the mount hung with its users in D state (a crash test that kills the daemon twenty times met it).
+ * A child exec'd afresh holds no descriptor of the daemon's (no /dev/fuse, no ring): when the daemon dies,
+ * the connection aborts and the child's request ends with it; and the child dies when its socket to the
+ * daemon closes.
+ *
+ * HOW IT REACHES THE FILE (the rules of common/tree.h hold for it too, a root process in directories that
+ * users write):
+ *   - through a clone of the mount (open_tree(OPEN_TREE_CLONE)), taken by the daemon when it starts the
+ *     child and checked to be the mount's device: a detached mount, so umount of the mount point never
+ *     meets EBUSY because of it. Since the clone keeps the connection alive, the child watches
+ *     /proc/self/mountinfo and exits once no mount of the device is left: the daemon then sees the
+ *     connection end and stops, as at any unmount;
+ *   - by the path the kernel last looked the file up, made or renamed it by (kfs_inode.kpath), resolved
+ *     with ktree_open_cached: beneath the clone, no symlink, no other mount, from the kernel's dentry cache
+ *     only. A name the kernel does not hold fails instead of sending a LOOKUP, so the child never makes the
+ *     kernel look anything up as root, and never waits on a name;
+ *   - and only if the inode number it reached is the file's: a stale path (its directory was renamed, a
+ *     user swapped the name) is a failure, not another file's refresh.
+ * What the child could not refresh is dropped (fuse_lowlevel_notify_inval_inode), as without it. After
+ * its GETATTR the child also checks, without asking (AT_STATX_DONT_SYNC), that the atime the kernel kept
+ * is the logged one or later: an older GETATTR's answer may land after its own.
+ *
+ * ORDER. Every release whose open was logged before is covered: a file is queued once (refresh_pending);
+ * a release that finds it queued leaves it to the queued record, whose GETATTR the child sends only after
+ * the thread took the record out (and cleared the flag): so after this release's open was logged. A
+ * release that fails to queue clears the flag before it drops the attributes.
+ *
+ * COST. One GETATTR per read-only release, on a worker, when no one waits, and a message to the child and
+ * one back per batch of releases. The thread and the child start at the first release that needs them,
+ * not at mount: under a tasks limit (systemd's TasksMax) a thread made at mount may be the one libfuse
+ * then cannot make. Off with -o norefresh, and wherever the daemon is not root (open_tree needs
+ * CAP_SYS_ADMIN) or does not log.
+ *
+ * Locks: refresh.lock is a leaf (kfs.h, LOCK ORDER); itable_lock is taken before it, never under it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
+#include <spawn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kfs.h"
+
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+
+#define BATCH 256          /* records sent before their answers are read */
+#define RETRY_NS (5LL * 1000000000) /* after the thread or the child could not start, or the child died */
+#define ANSWER_MS 10000    /* the child's answers to a batch: beyond this it is killed */
+
+enum { FD_TREE = 3, FD_SOCK = 4 }; /* the child's */
+
+struct kfs_refresh_item {
+        fuse_ino_t ino;
+        struct kfs_inode *in; /* a lookup reference, until sent */
+        uint64_t bino;
+        int64_t atime;
+        char *path;
+};
+
+/* One record: the header and the path, without its NUL. */
+struct rec {
+        uint64_t bino;
+        int64_t atime;
+};
+
+/* The thread's drop: not once the session is going (kfs_refresh_close waits for one under way). No lock
+ * of ours is held while the kernel is notified (kfs.h). */
+static void drop(struct kfs *fs, fuse_ino_t ino)
+{
+        atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
+        pthread_mutex_lock(&fs->refresh.lock);
+        bool go = !fs->refresh.closed;
+        fs->refresh.notifying += go;
+        pthread_mutex_unlock(&fs->refresh.lock);
+        if (!go)
+                return;
+        fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+        pthread_mutex_lock(&fs->refresh.lock);
+        if (!--fs->refresh.notifying && fs->refresh.closed)
+                pthread_cond_broadcast(&fs->refresh.cond);
+        pthread_mutex_unlock(&fs->refresh.lock);
+}
+
+static int clone_mount(struct kfs *fs)
+{
+        int fd = (int)syscall(SYS_open_tree, AT_FDCWD, fs->o.mountpoint, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (fd < 0)
+                return -errno;
+        struct statx sx;
+        /* DONT_SYNC: the device is the superblock's; nothing is asked of the daemon (whose thread this may be) */
+        if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0) {
+                int e = -errno;
+                close(fd);
+                return e;
+        }
+        dev_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
+        if (fs->refresh.dev && dev != fs->refresh.dev) {
+                close(fd);
+                return -EXDEV; /* something else is mounted there now */
+        }
+        fs->refresh.dev = dev;
+        return fd;
+}
+
+void kfs_refresh_setup(struct kfs *fs)
+{
+        pthread_mutex_init(&fs->refresh.lock, NULL);
+        pthread_cond_init(&fs->refresh.cond, NULL);
+        if (fs->o.norefresh || fs->o.nolog || geteuid() != 0)
+                return;
+        int fd = clone_mount(fs); /* the device, while the mount point surely holds our mount */
+        if (fd < 0) {
+                kfs_log(LOG_NOTICE, "attributes are dropped at release, not refreshed: cannot clone the mount: %s",
+                        strerror(-fd));
+                return;
+        }
+        close(fd);
+        fs->refresh.wanted = true;
+}
+
+/* ---- the daemon's thread ---- */
+
+struct child {
+        pid_t pid;
+        int sock;
+};
+
+static void child_end(struct kfs *fs, struct child *c, bool kill_it)
+{
+        if (!c->pid)
+                return;
+        atomic_store(&fs->refresh.child, 0);
+        if (kill_it)
+                kill(c->pid, SIGKILL);
+        close(c->sock);
+        c->sock = -1;
+        waitpid(c->pid, NULL, 0); /* a child in a request the daemon holds ends once it is answered */
+        c->pid = 0;
+}
+
+static int child_start(struct kfs *fs, struct child *c)
+{
+        int sv[2], tree = clone_mount(fs);
+        if (tree < 0)
+                return tree;
+        if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+                int e = -errno;
+                close(tree);
+                return e;
+        }
+        char dev[40];
+        snprintf(dev, sizeof(dev), "%u:%u", major(fs->refresh.dev), minor(fs->refresh.dev));
+        char *argv[] = { "kcachefs", "--refresh-child", dev, NULL };
+        char *envp[] = { NULL };
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_adddup2(&fa, tree, FD_TREE);
+        posix_spawn_file_actions_adddup2(&fa, sv[1], FD_SOCK);
+        posix_spawn_file_actions_addclosefrom_np(&fa, FD_SOCK + 1);
+        /* libfuse's workers, whose one started this thread, block every signal; the child blocks none and
+         * takes every default (libfuse ignores SIGPIPE) */
+        posix_spawnattr_t at;
+        posix_spawnattr_init(&at);
+        sigset_t none, all;
+        sigemptyset(&none);
+        sigfillset(&all);
+        posix_spawnattr_setsigmask(&at, &none);
+        posix_spawnattr_setsigdefault(&at, &all);
+        posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+        pid_t pid;
+        int r = posix_spawn(&pid, "/proc/self/exe", &fa, &at, argv, envp);
+        posix_spawn_file_actions_destroy(&fa);
+        posix_spawnattr_destroy(&at);
+        close(tree);
+        close(sv[1]);
+        if (r != 0) {
+                close(sv[0]);
+                return -r;
+        }
+        c->pid = pid;
+        c->sock = sv[0];
+        atomic_store(&fs->refresh.child, pid);
+        return 0;
+}
+
+/* Sends the batch and reads its answers; fills ok[]. False: the child is gone or broken. */
+static bool exchange(struct kfs *fs, struct child *c, struct kfs_refresh_item *b, size_t n, bool *ok)
+{
+        char buf[sizeof(struct rec) + KFS_KPATH_MAX];
+        for (size_t i = 0; i < n; i++) {
+                struct rec r = { .bino = b[i].bino, .atime = b[i].atime };
+                size_t len = strlen(b[i].path);
+                memcpy(buf, &r, sizeof(r));
+                memcpy(buf + sizeof(r), b[i].path, len);
+                if (send(c->sock, buf, sizeof(r) + len, MSG_NOSIGNAL) < 0)
+                        return false;
+        }
+        size_t got = 0;
+        while (got < n) {
+                struct pollfd p = { .fd = c->sock, .events = POLLIN };
+                int pr = poll(&p, 1, ANSWER_MS);
+                if (pr < 0 && errno == EINTR)
+                        continue;
+                if (pr <= 0)
+                        return false;
+                char ans[BATCH];
+                ssize_t k = recv(c->sock, ans, sizeof(ans), 0);
+                if (k <= 0 || (size_t)k > n - got)
+                        return false;
+                for (ssize_t i = 0; i < k; i++)
+                        ok[got++] = ans[i] == 0;
+        }
+        return true;
+}
+
+static void *refresher(void *arg)
+{
+        struct kfs *fs = arg;
+        struct child c = { .pid = 0, .sock = -1 };
+        struct kfs_refresh_item b[BATCH];
+        bool ok[BATCH];
+        pthread_mutex_lock(&fs->refresh.lock);
+        for (;;) {
+                while (!fs->refresh.n && !fs->refresh.stop) {
+                        fs->refresh.sleeping = true;
+                        pthread_cond_wait(&fs->refresh.cond, &fs->refresh.lock);
+                        fs->refresh.sleeping = false;
+                }
+                size_t n = fs->refresh.n < BATCH ? fs->refresh.n : BATCH;
+                memcpy(b, fs->refresh.q, n * sizeof(b[0]));
+                memmove(fs->refresh.q, fs->refresh.q + n, (fs->refresh.n - n) * sizeof(b[0]));
+                fs->refresh.n -= n;
+                bool stop = fs->refresh.stop;
+                bool may_start = kfs_now_ns() >= fs->refresh.retry_at;
+                pthread_mutex_unlock(&fs->refresh.lock);
+                /* (ORDER) from here, a release of the same file queues it again */
+                for (size_t i = 0; i < n; i++) {
+                        atomic_store(&b[i].in->refresh_pending, false);
+                        kfs_inode_unref(fs, b[i].in, 1);
+                }
+                if (stop) {
+                        for (size_t i = 0; i < n; i++)
+                                free(b[i].path);
+                        break;
+                }
+                int r = 0;
+                bool failed = false;
+                if (!c.pid && may_start && (r = child_start(fs, &c)) < 0) {
+                        kfs_log(LOG_WARNING, "attributes are dropped at release for now, not refreshed: "
+                                             "cannot start the refresher: %s", strerror(-r));
+                        failed = true;
+                }
+                bool sent = c.pid && exchange(fs, &c, b, n, ok);
+                if (c.pid && !sent) {
+                        kfs_log(LOG_WARNING, "the refresher ended or stopped answering: attributes are "
+                                             "dropped at release for a while");
+                        child_end(fs, &c, true);
+                        failed = true;
+                }
+                for (size_t i = 0; i < n; i++) {
+                        if (sent && ok[i])
+                                atomic_fetch_add_explicit(&fs->refresh.sent, 1, memory_order_relaxed);
+                        else
+                                drop(fs, b[i].ino);
+                        free(b[i].path);
+                }
+                pthread_mutex_lock(&fs->refresh.lock);
+                if (failed)
+                        fs->refresh.retry_at = kfs_now_ns() + RETRY_NS;
+        }
+        child_end(fs, &c, true);
+        return NULL;
+}
+
+/* Queues in; false where it cannot be (nothing was queued). */
+static bool enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
+{
+        struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino };
+        pthread_mutex_lock(&fs->itable_lock);
+        it.path = in->kpath ? strdup(in->kpath) : NULL;
+        if (it.path)
+                in->nlookup++; /* the queue's reference: in lives until it is sent (T1) */
+        pthread_mutex_unlock(&fs->itable_lock);
+        if (!it.path)
+                return false;
+        it.atime = atomic_load(&in->atime_ns);
+        pthread_mutex_lock(&fs->refresh.lock);
+        bool ok = !fs->refresh.stop && (fs->refresh.started || kfs_now_ns() >= fs->refresh.retry_at);
+        if (ok && fs->refresh.n == fs->refresh.cap) {
+                size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
+                struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
+                ok = q != NULL;
+                if (q) {
+                        fs->refresh.q = q;
+                        fs->refresh.cap = cap;
+                }
+        }
+        if (ok && !fs->refresh.started) {
+                fs->refresh.started = pthread_create(&fs->refresh.thread, NULL, refresher, fs) == 0;
+                if (!fs->refresh.started) {
+                        fs->refresh.retry_at = kfs_now_ns() + RETRY_NS;
+                        ok = false;
+                }
+        }
+        if (ok) {
+                fs->refresh.q[fs->refresh.n++] = it;
+                if (fs->refresh.sleeping)
+                        pthread_cond_signal(&fs->refresh.cond);
+        }
+        pthread_mutex_unlock(&fs->refresh.lock);
+        if (!ok) {
+                free(it.path);
+                kfs_inode_unref(fs, in, 1);
+        }
+        return ok;
+}
+
+void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer)
+{
+        if (fs->o.nolog || !S_ISREG(in->type))
+                return;
+        bool cached = atomic_exchange(&in->attr_cached, false);
+        if (!writer && fs->refresh.wanted && !kfs_stale(in)) {
+                if (atomic_exchange(&in->refresh_pending, true))
+                        return; /* queued, not yet sent: that record covers this release (ORDER) */
+                if (enqueue(fs, in, ino))
+                        return;
+                atomic_store(&in->refresh_pending, false); /* before the drop (ORDER) */
+                cached = true;
+        }
+        if (cached) /* attributes only (offset -1): no inode lock in the kernel, safe from a handler */
+                fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+}
+
+void kfs_refresh_close(struct kfs *fs)
+{
+        if (!fs->refresh.wanted)
+                return;
+        pthread_mutex_lock(&fs->refresh.lock);
+        fs->refresh.closed = true;
+        while (fs->refresh.notifying)
+                pthread_cond_wait(&fs->refresh.cond, &fs->refresh.lock);
+        pthread_mutex_unlock(&fs->refresh.lock);
+}
+
+void kfs_refresh_stop(struct kfs *fs)
+{
+        if (!fs->refresh.wanted)
+                return;
+        pthread_mutex_lock(&fs->refresh.lock);
+        fs->refresh.closed = fs->refresh.stop = true;
+        bool started = fs->refresh.started;
+        pthread_cond_signal(&fs->refresh.cond);
+        pthread_mutex_unlock(&fs->refresh.lock);
+        pid_t child = atomic_load(&fs->refresh.child);
+        if (child)
+                kill(child, SIGKILL); /* the thread may wait for its answers */
+        if (started)
+                pthread_join(fs->refresh.thread, NULL);
+        for (size_t i = 0; i < fs->refresh.n; i++) {
+                kfs_inode_unref(fs, fs->refresh.q[i].in, 1);
+                free(fs->refresh.q[i].path);
+        }
+        free(fs->refresh.q);
+        fs->refresh.q = NULL;
+        fs->refresh.n = fs->refresh.cap = 0;
+}
+
+/* ---- the child ---- */
+
+/* Whether a mount of device dev is left (the clone, detached, is not in mountinfo). */
+static bool mounted(int mi, dev_t dev)
+{
+        char buf[1 << 16], want[48];
+        snprintf(want, sizeof(want), " %u:%u ", major(dev), minor(dev));
+        if (lseek(mi, 0, SEEK_SET) < 0)
+                return false;
+        /* Read whole; a line split across two reads is kept by carrying its start over. */
+        size_t have = 0;
+        for (;;) {
+                ssize_t k = read(mi, buf + have, sizeof(buf) - 1 - have);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0)
+                        return false;
+                have += (size_t)k;
+                buf[have] = 0;
+                char *last = strrchr(buf, '\n');
+                if (!last)
+                        return true; /* a line longer than the buffer: say yes, look again at the next change */
+                *last = 0;
+                for (char *line = buf; line;) {
+                        char *nl = strchr(line, '\n');
+                        if (nl)
+                                *nl = 0;
+                        /* "ID PARENT MAJ:MIN ROOT ...": the third field */
+                        char *p = strchr(line, ' ');
+                        p = p ? strchr(p + 1, ' ') : NULL;
+                        if (p && !strncmp(p, want, strlen(want)))
+                                return true;
+                        line = nl ? nl + 1 : NULL;
+                }
+                size_t rest = have - (size_t)(last + 1 - buf);
+                memmove(buf, last + 1, rest);
+                have = rest;
+        }
+}
+
+/* 0: the file at path is inode bino and the kernel holds an atime of at least atime, fresh from the daemon. */
+static int refresh_one(const struct ktree *t, const char *path, uint64_t bino, int64_t atime)
+{
+        int fd = ktree_open_cached(t, KTREE_ROOT, path);
+        if (fd < 0)
+                return fd;
+        struct statx sx;
+        int r = statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_FORCE_SYNC, STATX_INO | STATX_ATIME, &sx);
+        if (r == 0 && sx.stx_ino != bino)
+                r = -ESTALE;
+        else if (r == 0 && statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC, STATX_ATIME, &sx) == 0 &&
+                 (int64_t)sx.stx_atime.tv_sec * 1000000000LL + sx.stx_atime.tv_nsec < atime)
+                r = -EAGAIN; /* an older answer landed after ours */
+        else if (r < 0)
+                r = -errno;
+        close(fd);
+        return r;
+}
+
+int kfs_refresh_child(const char *devs)
+{
+        unsigned ma, mi_;
+        char end;
+        if (sscanf(devs, "%u:%u%c", &ma, &mi_, &end) != 2)
+                return 2;
+        dev_t dev = makedev(ma, mi_);
+        struct statx sx;
+        if (statx(FD_TREE, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0 ||
+            makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev || fcntl(FD_SOCK, F_GETFD) < 0)
+                return 2;
+        struct ktree t = { .root = FD_TREE, .dev = dev };
+        int mi = open("/proc/self/mountinfo", O_RDONLY | O_CLOEXEC);
+        if (mi < 0)
+                return 2;
+        char buf[sizeof(struct rec) + KFS_KPATH_MAX + 1];
+        char ans[BATCH];
+        if (!mounted(mi, dev))
+                return 0;
+        for (;;) {
+                struct pollfd p[2] = { { .fd = FD_SOCK, .events = POLLIN }, { .fd = mi, .events = POLLPRI } };
+                if (poll(p, 2, -1) < 0) {
+                        if (errno == EINTR)
+                                continue;
+                        return 1;
+                }
+                if (p[1].revents && !mounted(mi, dev))
+                        return 0; /* unmounted: the clone goes with us, and the daemon sees the end */
+                if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+                        continue;
+                size_t n = 0;
+                for (; n < BATCH; n++) {
+                        ssize_t k = recv(FD_SOCK, buf, sizeof(buf) - 1, n ? MSG_DONTWAIT : 0);
+                        if (k < 0 && n && (errno == EAGAIN || errno == EWOULDBLOCK))
+                                break;
+                        if (k <= 0)
+                                return k == 0 ? 0 : 1; /* the daemon is gone */
+                        struct rec r;
+                        if ((size_t)k < sizeof(r)) {
+                                ans[n] = 1;
+                                continue;
+                        }
+                        memcpy(&r, buf, sizeof(r));
+                        buf[k] = 0;
+                        ans[n] = refresh_one(&t, buf + sizeof(r), r.bino, r.atime) == 0 ? 0 : 1;
+                }
+                if (send(FD_SOCK, ans, n, MSG_NOSIGNAL) < 0)
+                        return 1;
+        }
+}
