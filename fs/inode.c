@@ -515,23 +515,46 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
         pthread_mutex_init(&in->lock, NULL);
 }
 
-/* itable_lock held. Remembers dir/name as the path the kernel knows in by (kpath, for refresh.c): the
- * directory's path and the name. NULL where the directory's is not known, or the path would be longer
- * than a record of refresh.c's takes. Unchanged (no allocation) where it already is that path. */
-static void kpath_set_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
+/* itable_lock held. Remembers dir/name as the name the kernel knows in by (kdir, kname: refresh.c builds
+ * its path from them). Returns the directory it was known in before, whose reference the caller drops
+ * (kfs_inode_unref) once it has let the lock go, or NULL. DIR and NAME NULL: no name (it went). */
+static struct kfs_inode *kname_set_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
 {
-        if (!dir || in == &fs->root)
-                return;
-        const char *d = dir == &fs->root ? "" : dir->kpath;
-        size_t dl = d ? strlen(d) : 0, nl = strlen(name);
-        if (d && in->kpath && !strncmp(in->kpath, d, dl) && (!dl || in->kpath[dl] == '/') &&
-            !strcmp(in->kpath + dl + (dl ? 1 : 0), name))
-                return;
-        char *p = d && dl + 1 + nl < KFS_KPATH_MAX ? malloc(dl + nl + 2) : NULL;
-        if (p)
-                snprintf(p, dl + nl + 2, "%s%s%s", d, dl ? "/" : "", name);
-        free(in->kpath);
-        in->kpath = p;
+        if (in == &fs->root || (!dir && name) || (dir && in->kdir == dir && in->kname && !strcmp(in->kname, name)))
+                return NULL;
+        char *n = dir ? strdup(name) : NULL;
+        if (dir && !n)
+                dir = NULL; /* no memory: no name, which refresh.c takes as a drop */
+        struct kfs_inode *old = in->kdir;
+        if (dir)
+                dir->nlookup++;
+        in->kdir = dir;
+        free(in->kname);
+        in->kname = n;
+        return old;
+}
+
+/* Builds in's path from the mount's root into BUF (SIZE bytes). itable_lock held. 0, or -ENOENT (a
+ * directory on the way has no name), -ENAMETOOLONG. */
+int kfs_inode_path_locked(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size)
+{
+        size_t at = size;
+        if (!size)
+                return -ENAMETOOLONG;
+        buf[--at] = 0;
+        for (struct kfs_inode *i = in; i != &fs->root; i = i->kdir) {
+                if (!i->kdir || !i->kname)
+                        return -ENOENT;
+                size_t len = strlen(i->kname) + (i->kdir != &fs->root);
+                if (len > at)
+                        return -ENAMETOOLONG;
+                at -= len; /* "/name", or "name" right under the root */
+                if (i->kdir != &fs->root)
+                        buf[at] = '/';
+                memcpy(buf + at + (i->kdir != &fs->root), i->kname, strlen(i->kname));
+        }
+        memmove(buf, buf + at, size - at);
+        return 0;
 }
 
 /* itable_lock held. Remembers dir/name as where in reopens (DESCRIPTORS). Returns the directory it was
@@ -556,25 +579,26 @@ void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const
 {
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, bino);
-        if (in)
-                kpath_set_locked(fs, in, dir, name);
+        struct kfs_inode *kold = in ? kname_set_locked(fs, in, dir, name) : NULL;
         struct kfs_inode *old = in ? seen_at_locked(fs, in, dir, name) : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (old)
                 kfs_inode_unref(fs, old, 1);
+        if (kold)
+                kfs_inode_unref(fs, kold, 1);
 }
 
 void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *dir, const char *name, int fd)
 {
-        struct kfs_inode *up = NULL;
+        struct kfs_inode *up = NULL, *kold = NULL;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
-        if (in && in->kpath && st->st_nlink <= 1) { /* its last name: no path leads to it any more */
-                free(in->kpath);
-                in->kpath = NULL;
-        }
+        if (in && in->kdir == dir && in->kname && !strcmp(in->kname, name))
+                kold = kname_set_locked(fs, in, NULL, NULL); /* no path leads to it by that name any more */
         if (fs->fdc.handles) {
                 pthread_mutex_unlock(&fs->itable_lock);
+                if (kold)
+                        kfs_inode_unref(fs, kold, 1);
                 return;
         }
         if (in && in->up == dir && in->name && !strcmp(in->name, name)) {
@@ -597,6 +621,8 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
         pthread_mutex_unlock(&fs->itable_lock);
         if (up)
                 kfs_inode_unref(fs, up, 1);
+        if (kold)
+                kfs_inode_unref(fs, kold, 1);
 }
 
 /* itable_lock held. A name that leads to the number of an inode whose last name went is a new object's:
@@ -622,7 +648,7 @@ static struct kfs_inode *detach_reused_locked(struct kfs *fs, struct kfs_inode *
 int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *name, const struct stat *st, int fd,
                   struct kfs_inode **ret)
 {
-        struct kfs_inode *in, *old = NULL;
+        struct kfs_inode *in, *old = NULL, *kold = NULL;
 
         pthread_mutex_lock(&fs->itable_lock);
         in = kfs_inode_find_locked(fs, st->st_ino);
@@ -631,11 +657,13 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         if (in) {
                 in->nlookup++;
                 kfs_dir_named(in); /* under itable_lock: ordered with prune_dir()'s check (evict/prune.c) */
-                kpath_set_locked(fs, in, dir, name);
+                kold = kname_set_locked(fs, in, dir, name);
                 old = seen_at_locked(fs, in, dir, name);
                 pthread_mutex_unlock(&fs->itable_lock);
                 if (old)
                         kfs_inode_unref(fs, old, 1);
+                if (kold)
+                        kfs_inode_unref(fs, kold, 1);
                 if (fd >= 0)
                         close(fd);
                 *ret = in;
@@ -673,7 +701,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         if (in) {
                 in->nlookup++; /* lost a race with another lookup of the same inode */
                 kfs_dir_named(in);
-                kpath_set_locked(fs, in, dir, name);
+                kold = kname_set_locked(fs, in, dir, name);
                 old = seen_at_locked(fs, in, dir, name);
         } else if (kmap_put(&fs->itable, n->bino, n) < 0) {
                 pthread_mutex_unlock(&fs->itable_lock);
@@ -683,7 +711,7 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
                 free(n);
                 return -ENOMEM;
         } else {
-                kpath_set_locked(fs, n, dir, name);
+                (void)kname_set_locked(fs, n, dir, name); /* a new inode: no old directory */
                 if (!n->fh)
                         (void)seen_at_locked(fs, n, dir, name); /* a new inode: no old directory */
                 fd_adopt(fs, n); /* before anyone can find it: from here the fd is the set's */
@@ -691,6 +719,8 @@ int kfs_inode_ref(struct kfs *fs, struct kfs_inode *dir, int dirfd, const char *
         pthread_mutex_unlock(&fs->itable_lock);
         if (old)
                 kfs_inode_unref(fs, old, 1);
+        if (kold)
+                kfs_inode_unref(fs, kold, 1);
         /* Eviction (or a repair) may have removed the file between our stat and the insert: it then found
          * no inode of ours to mark evicted, and a dentry to this one would open the removed file for as
          * long as the kernel keeps it. A removal after the insert finds it in the table and marks it. */
@@ -757,7 +787,7 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 kmap_del(&fs->detached, (uint64_t)(uintptr_t)in);
         if (gone && S_ISDIR(in->type) && !kfs_stale(in) && atomic_load(&in->named_ns))
                 remember_named_locked(fs, in->bino, atomic_load(&in->named_ns));
-        struct kfs_inode *up = gone ? in->up : NULL;
+        struct kfs_inode *up = gone ? in->up : NULL, *kdir = gone ? in->kdir : NULL;
         pthread_mutex_unlock(&fs->itable_lock);
         if (gone) {
                 if (fs->inode_gone)
@@ -765,11 +795,13 @@ void kfs_inode_unref(struct kfs *fs, struct kfs_inode *in, uint64_t n)
                 fd_forget(fs, in);
                 pthread_mutex_destroy(&in->lock);
                 free(in->name);
-                free(in->kpath);
+                free(in->kname);
                 free(in);
         }
         if (up) /* its reference on the directory it was seen in (DESCRIPTORS) */
                 kfs_inode_unref(fs, up, 1);
+        if (kdir) /* and on the one the kernel knows it in */
+                kfs_inode_unref(fs, kdir, 1);
 }
 
 void kfs_inode_account_locked(struct kfs *fs, struct kfs_inode *in, const struct stat *st)
@@ -799,7 +831,7 @@ void kfs_inode_table_free(struct kfs *fs)
                                 close(in->fd);
                         free(in->fh);
                         free(in->name);
-                        free(in->kpath);
+                        free(in->kname);
                         pthread_mutex_destroy(&in->lock);
                         free(in);
                 }

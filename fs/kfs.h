@@ -42,7 +42,7 @@
 #pragma once
 
 #define KFS_NAME_LOCKS 64
-#define KFS_KPATH_MAX 3968 /* an inode's kpath, and the record refresh.c sends it in */
+#define KFS_KPATH_MAX 3968 /* the longest path refresh.c sends its child (kfs_inode_path_locked) */
 #define KFS_OPCODES 64 /* FUSE opcodes counted one by one (kfs_count_request); the last counts any higher one */
 
 #define FUSE_USE_VERSION 314
@@ -173,10 +173,11 @@ struct kfs_inode {
         _Atomic int64_t atime_ns; /* logged last access, what getattr reports */
         _Atomic bool attr_cached; /* the kernel may hold attributes we sent: an access must invalidate them
                                      or refresh them (at RELEASE: ops-io.c, ATIME) */
-        char *kpath;              /* the path the kernel last looked it up, made it or renamed it by, from
-                                     the mount's root ("" for the root), or NULL: not known. Whoever renames
-                                     a directory leaves its descendants' paths stale: refresh.c checks the
-                                     inode number it reaches. itable_lock */
+        struct kfs_inode *kdir;   /* the directory the kernel last looked it up, made it or renamed it in,
+                                     holding a reference to it, or NULL (the root; its last name went) */
+        char *kname;              /* its name there: refresh.c's path is the names up to the root. Whoever
+                                     renames behind the mount makes it stale: refresh.c checks the inode
+                                     number it reaches. itable_lock */
         _Atomic bool refresh_pending; /* in refresh.c's queue, not yet sent to its child (refresh.c, ORDER) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
@@ -492,6 +493,18 @@ uint64_t kfs_settle_margin_locked(struct kfs *fs, struct kfs_inode *in, uint64_t
 size_t kfs_settle_all(struct kfs *fs);
 /* Stops the settler and measures what is left (before the index closes). */
 void kfs_settle_stop(struct kfs *fs);
+
+/* in's path from the mount's root, by the names the kernel knows it by (kdir, kname), into BUF (SIZE
+ * bytes). itable_lock held. 0, -ENOENT (nameless on the way), -ENAMETOOLONG. */
+int kfs_inode_path_locked(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size);
+
+/* spawn.c */
+/* Starts ARGV (ARGV[0] only names it) as a helper: the daemon's binary, exec'd afresh, with FDS[i] as its
+ * descriptor 3 + i and no other of the daemon's (spawn.c, WHY PROCESSES). 0 (*pid) or -errno. */
+int kfs_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid);
+
+/* ring.c's nudge: kcachefs --nudge QID MOUNTPOINT, a statfs of the mount from CPU QID. Exit status. */
+int kfs_ring_nudge_child(const char *qid, const char *mountpoint);
 
 /* refresh.c */
 /* At mount, before the loop: whether refreshing can be on, and the mount's device (REFRESH). */

@@ -728,6 +728,8 @@ int main(int argc, char *argv[])
 
         if (argc == 3 && !strcmp(argv[1], "--refresh-child"))
                 return kfs_refresh_child(argv[2]); /* exec'd by the daemon (refresh.c) */
+        if (argc == 4 && !strcmp(argv[1], "--nudge"))
+                return kfs_ring_nudge_child(argv[2], argv[3]); /* spawned by a ring's nudge (ring.c) */
         kfs_log_init();
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;

@@ -6,19 +6,15 @@
  * attributes, only one that drops them, and dropping is how the logged atime reached stat after close
  * (ops-io.c, ATIME); and the kernel drops atime itself after every read through passthrough
  * (fuse_file_accessed). So each hit of a file read before cost two requests that wait, OPEN and GETATTR.
- * Here the GETATTR moves out of the hit: after a reader's release, a child process of the daemon stats the
- * file through the mount with AT_STATX_FORCE_SYNC, the kernel sends that GETATTR, and its answer (with the
- * logged atime, as every answer has) replaces what the kernel held. Nobody waits for it; the next opener's
- * fstat finds valid attributes and asks nothing. A writer's release drops the attributes as before: its
+ * Here the GETATTR moves out of the hit: the release still drops the attributes (so that a stat right
+ * after it asks, and an older answer still on its way is discarded), and then a child process of the
+ * daemon stats the file through the mount with AT_STATX_FORCE_SYNC: the kernel sends that GETATTR, and
+ * its answer (with the logged atime, as every answer has) becomes what the kernel holds. Nobody waits for
+ * it; the next opener's fstat finds valid attributes and asks nothing. A writer's release only drops: its
  * file is new, and will be looked up and stat'ed by its readers anyway.
  *
- * WHY A CHILD PROCESS. A daemon's thread that waits for its own daemon's answer is not released when the
- * daemon is killed: FUSE waits, uninterruptibly, for the answer of a request it has handed to the daemon,
- * so a SIGKILLed daemon whose thread waited on its own GETATTR kept /dev/fuse open through that thread,
- * and the mount hung with its users in D state (a crash test that kills the daemon twenty times met it).
- * A child exec'd afresh holds no descriptor of the daemon's (no /dev/fuse, no ring): when the daemon dies,
- * the connection aborts and the child's request ends with it; and the child dies when its socket to the
- * daemon closes.
+ * WHY A CHILD PROCESS, not a thread: spawn.c (a thread of the daemon waiting on its own GETATTR would
+ * hang a SIGKILLed daemon's mount). The child also dies when its socket to the daemon closes.
  *
  * HOW IT REACHES THE FILE (the rules of common/tree.h hold for it too, a root process in directories that
  * users write):
@@ -27,20 +23,20 @@
  *     meets EBUSY because of it. Since the clone keeps the connection alive, the child watches
  *     /proc/self/mountinfo and exits once no mount of the device is left: the daemon then sees the
  *     connection end and stops, as at any unmount;
- *   - by the path the kernel last looked the file up, made or renamed it by (kfs_inode.kpath), resolved
- *     with ktree_open_cached: beneath the clone, no symlink, no other mount, from the kernel's dentry cache
+ *   - by the names the kernel last looked the file and its directories up, made or renamed them by
+ *     (kfs_inode.kdir, kname: kfs_inode_path_locked), resolved with ktree_open_cached: beneath the clone, no symlink, no other mount, from the kernel's dentry cache
  *     only. A name the kernel does not hold fails instead of sending a LOOKUP, so the child never makes the
  *     kernel look anything up as root, and never waits on a name;
  *   - and only if the inode number it reached is the file's: a stale path (its directory was renamed, a
  *     user swapped the name) is a failure, not another file's refresh.
- * What the child could not refresh is dropped (fuse_lowlevel_notify_inval_inode), as without it. After
- * its GETATTR the child also checks, without asking (AT_STATX_DONT_SYNC), that the atime the kernel kept
- * is the logged one or later: an older GETATTR's answer may land after its own.
+ * What the child could not refresh stays dropped, as without it. After its GETATTR the child also checks,
+ * without asking (AT_STATX_DONT_SYNC), that the atime the kernel kept is the logged one or later.
  *
- * ORDER. Every release whose open was logged before is covered: a file is queued once (refresh_pending);
- * a release that finds it queued leaves it to the queued record, whose GETATTR the child sends only after
- * the thread took the record out (and cleared the flag): so after this release's open was logged. A
- * release that fails to queue clears the flag before it drops the attributes.
+ * ORDER. The drop at each release keeps the promise by itself (ops-io.c, ATIME): from the release on, a
+ * stat asks. The refresh only makes asking unneeded again, and must not bring back an older atime: a
+ * file is queued once (refresh_pending); a release that finds it queued leaves the refresh to the queued
+ * record, whose GETATTR the child sends only after the thread took the record out and cleared the flag,
+ * so after that release's open was logged; the atime the child checks for is read then too.
  *
  * COST. One GETATTR per read-only release, on a worker, when no one waits, and a message to the child and
  * one back per batch of releases. The thread and the child start at the first release that needs them,
@@ -54,7 +50,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,8 +92,10 @@ struct rec {
         int64_t atime;
 };
 
-/* The thread's drop: not once the session is going (kfs_refresh_close waits for one under way). No lock
- * of ours is held while the kernel is notified (kfs.h). */
+/* A file the child did not refresh: the release dropped its attributes already, and a stat since may
+ * have fetched them again; dropped again, in case an older answer than the child's landed meanwhile.
+ * Not once the session is going (kfs_refresh_close waits for one under way). No lock of ours is held
+ * while the kernel is notified (kfs.h). */
 static void drop(struct kfs *fs, fuse_ino_t ino)
 {
         atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
@@ -185,32 +182,18 @@ static int child_start(struct kfs *fs, struct child *c)
         char dev[40];
         snprintf(dev, sizeof(dev), "%u:%u", major(fs->refresh.dev), minor(fs->refresh.dev));
         char *argv[] = { "kcachefs", "--refresh-child", dev, NULL };
-        char *envp[] = { NULL };
-        posix_spawn_file_actions_t fa;
-        posix_spawn_file_actions_init(&fa);
-        posix_spawn_file_actions_adddup2(&fa, tree, FD_TREE);
-        posix_spawn_file_actions_adddup2(&fa, sv[1], FD_SOCK);
-        posix_spawn_file_actions_addclosefrom_np(&fa, FD_SOCK + 1);
-        /* libfuse's workers, whose one started this thread, block every signal; the child blocks none and
-         * takes every default (libfuse ignores SIGPIPE) */
-        posix_spawnattr_t at;
-        posix_spawnattr_init(&at);
-        sigset_t none, all;
-        sigemptyset(&none);
-        sigfillset(&all);
-        posix_spawnattr_setsigmask(&at, &none);
-        posix_spawnattr_setsigdefault(&at, &all);
-        posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+        int fds[] = { tree, sv[1] }; /* FD_TREE, FD_SOCK */
         pid_t pid;
-        int r = posix_spawn(&pid, "/proc/self/exe", &fa, &at, argv, envp);
-        posix_spawn_file_actions_destroy(&fa);
-        posix_spawnattr_destroy(&at);
+        int r = kfs_spawn_self(argv, fds, 2, &pid);
         close(tree);
         close(sv[1]);
-        if (r != 0) {
+        if (r < 0) {
                 close(sv[0]);
-                return -r;
+                return r;
         }
+        /* the child answers within ANSWER_MS, or is taken for stuck: the thread never blocks longer */
+        struct timeval tv = { .tv_sec = ANSWER_MS / 1000 };
+        (void)setsockopt(sv[0], SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         c->pid = pid;
         c->sock = sv[0];
         atomic_store(&fs->refresh.child, pid);
@@ -270,6 +253,7 @@ static void *refresher(void *arg)
                 /* (ORDER) from here, a release of the same file queues it again */
                 for (size_t i = 0; i < n; i++) {
                         atomic_store(&b[i].in->refresh_pending, false);
+                        b[i].atime = atomic_load(&b[i].in->atime_ns);
                         kfs_inode_unref(fs, b[i].in, 1);
                 }
                 if (stop) {
@@ -310,14 +294,14 @@ static void *refresher(void *arg)
 static bool enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
 {
         struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino };
+        char path[KFS_KPATH_MAX];
         pthread_mutex_lock(&fs->itable_lock);
-        it.path = in->kpath ? strdup(in->kpath) : NULL;
+        it.path = kfs_inode_path_locked(fs, in, path, sizeof(path)) == 0 ? strdup(path) : NULL;
         if (it.path)
                 in->nlookup++; /* the queue's reference: in lives until it is sent (T1) */
         pthread_mutex_unlock(&fs->itable_lock);
         if (!it.path)
                 return false;
-        it.atime = atomic_load(&in->atime_ns);
         pthread_mutex_lock(&fs->refresh.lock);
         bool ok = !fs->refresh.stop && (fs->refresh.started || kfs_now_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
@@ -353,17 +337,16 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
 {
         if (fs->o.nolog || !S_ISREG(in->type))
                 return;
-        bool cached = atomic_exchange(&in->attr_cached, false);
-        if (!writer && fs->refresh.wanted && !kfs_stale(in)) {
-                if (atomic_exchange(&in->refresh_pending, true))
-                        return; /* queued, not yet sent: that record covers this release (ORDER) */
-                if (enqueue(fs, in, ino))
-                        return;
-                atomic_store(&in->refresh_pending, false); /* before the drop (ORDER) */
-                cached = true;
-        }
-        if (cached) /* attributes only (offset -1): no inode lock in the kernel, safe from a handler */
+        /* Attributes only (offset -1): no inode lock in the kernel, safe from a handler. Not when the
+         * kernel holds none of ours since the last drop: it asks anyway. */
+        if (atomic_exchange(&in->attr_cached, false))
                 fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+        if (writer || !fs->refresh.wanted || kfs_stale(in) || atomic_exchange(&in->refresh_pending, true))
+                return; /* queued, not yet sent: that record refreshes it (ORDER) */
+        if (!enqueue(fs, in, ino)) {
+                atomic_store(&in->refresh_pending, false);
+                atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
+        }
 }
 
 void kfs_refresh_close(struct kfs *fs)
@@ -386,9 +369,8 @@ void kfs_refresh_stop(struct kfs *fs)
         bool started = fs->refresh.started;
         pthread_cond_signal(&fs->refresh.cond);
         pthread_mutex_unlock(&fs->refresh.lock);
-        pid_t child = atomic_load(&fs->refresh.child);
-        if (child)
-                kill(child, SIGKILL); /* the thread may wait for its answers */
+        /* A thread waiting for its child's answers has them now: the connection is gone, so the child's
+         * request ended; the thread then ends its child itself (never a pid it may have reaped). */
         if (started)
                 pthread_join(fs->refresh.thread, NULL);
         for (size_t i = 0; i < fs->refresh.n; i++) {

@@ -40,8 +40,8 @@
  * here, 2 entries per queue), the requests queued in that moment, an OPENDIR or the unlock that ends
  * the waits among them, stayed queued behind the new entries until some unrelated request came and was
  * answered: `ls` of the mount hung. So whenever a thread registered new entries for replies held back, it
- * also starts a nudge: a short thread that makes one request of its own (a statfs of the mount) on that
- * queue's CPU, after the new entries are in. An entry answers it, and that commit takes the next queued
+ * also starts a nudge: a short thread that has one request made (a statfs of the mount, by a helper
+ * process of its own, spawn.c) on that queue's CPU, after the new entries are in. An entry answers it, and that commit takes the next queued
  * request, whose answer takes the next. A nudge is a thread of its own, not a turn of one nudger, since
  * a nudge can itself be queued in such a moment (a request of the burst took the new entry first); it
  * is then answered with the rest, and the deferral that took the entry starts a nudge of its own, so
@@ -67,6 +67,7 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -315,16 +316,34 @@ struct nudge {
         unsigned qid;
 };
 
+int kfs_ring_nudge_child(const char *qid, const char *mountpoint)
+{
+        char *end;
+        unsigned long q = strtoul(qid, &end, 10);
+        if (*end || q >= CPU_SETSIZE)
+                return 2;
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(q, &cpus);
+        struct statvfs sv;
+        if (sched_setaffinity(0, sizeof(cpus), &cpus) < 0) /* the kernel queues a request by its CPU */
+                return 1;
+        return statvfs(mountpoint, &sv) < 0;
+}
+
+/* The request is made by a helper process, not by this thread (spawn.c, WHY PROCESSES); this thread
+ * waits for it in waitpid, which a SIGKILL of the daemon ends. */
 static void *nudge_main(void *arg)
 {
         struct nudge n = *(struct nudge *)arg;
         free(arg);
-        cpu_set_t cpus;
-        CPU_ZERO(&cpus);
-        CPU_SET(n.qid, &cpus);
-        struct statvfs sv;
-        if (sched_setaffinity(0, sizeof(cpus), &cpus) == 0) /* the kernel queues a request by its CPU */
-                (void)statvfs(n.fs->o.mountpoint, &sv);
+        char q[16];
+        snprintf(q, sizeof(q), "%u", n.qid);
+        char *argv[] = { "kcachefs", "--nudge", q, n.fs->o.mountpoint, NULL };
+        pid_t pid;
+        if (kfs_spawn_self(argv, NULL, 0, &pid) == 0)
+                while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+                        ;
         atomic_fetch_add(&n.fs->ring->nudged, 1);
         atomic_fetch_sub(&n.fs->ring->nudges, 1);
         return NULL;

@@ -3,7 +3,7 @@
  * of a shared mount can build inside the tree: a symlink anywhere in a path, "..", an absolute path, a
  * mount point; a walk by identities refuses a component that holds another directory; a removal
  * refuses a name that holds another object. A mount point is tried only as root. ktree_chase_dir, the
- * walk of an operator's path: follows the caller's links, refuses another user's link and any step below
+ * walk of an operator's path (ktree_open_cached, the dentry cache's resolution, refuses the same ways out): follows the caller's links, refuses another user's link and any step below
  * a directory others may write or another user owns (as root), takes such a directory as the last step. */
 #include <errno.h>
 #include <fcntl.h>
@@ -63,6 +63,22 @@ static void run(const char *root, const char *outside, bool walk)
         CHECK(dfd >= 0);
         CHECK_EQ(ktree_open(&t, dfd, "link/secret", O_RDONLY, 0), -ELOOP); /* beneath a held directory */
         CHECK_EQ(ktree_open(&t, dfd, "..", O_PATH, 0), -EXDEV);
+        /* from the dentry cache only (fs/refresh.c's child, in the daemon's own mount): the same refusals,
+         * and a name the kernel would have to look up fails instead */
+        fd = ktree_open_cached(&t, KTREE_ROOT, "a/b/file");
+        CHECK(fd >= 0);
+        if (fd >= 0)
+                close(fd);
+        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/link/secret"), -ELOOP);
+        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/../a/b/file"), -EXDEV);
+        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, outside), -EXDEV);
+        CHECK_EQ(ktree_open_cached(&t, dfd, "link/secret"), -ELOOP);
+        fd = ktree_open_cached(&t, KTREE_ROOT, "a/flink"); /* the link itself, never its target */
+        CHECK(fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode));
+        if (fd >= 0)
+                close(fd);
+        r = ktree_open_cached(&t, KTREE_ROOT, "a/b/never-looked-up");
+        CHECK(r == -EAGAIN || r == -ENOENT);
         /* creation never through a symlink either */
         CHECK_EQ(ktree_open(&t, dfd, "flink", O_WRONLY | O_CREAT, 0600), -ELOOP);
         fd = ktree_open(&t, dfd, "new", O_WRONLY | O_CREAT | O_EXCL, 0600);
