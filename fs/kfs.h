@@ -178,6 +178,7 @@ struct kfs_inode {
         char *kname;              /* its name there: refresh.c's path is the names up to the root. Whoever
                                      renames behind the mount makes it stale: refresh.c checks the inode
                                      number it reaches. itable_lock */
+        _Atomic int64_t refresh_ns; /* when refresh.c last queued it (CLOCK_MONOTONIC), or 0 */
         _Atomic bool refresh_pending; /* in refresh.c's queue, not yet sent to its child (refresh.c, ORDER) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate

@@ -7,7 +7,8 @@
  * never ended: the mount hung with its users in D state. A process exec'd afresh holds none of the
  * daemon's descriptors (posix_spawn closes everything past those it is given), so when the daemon dies
  * the connection ends, and the helper's request with it. It starts with no signal blocked and every
- * signal at its default, whatever the thread that spawned it blocked or libfuse ignored. */
+ * signal at its default, whatever the thread that spawned it blocked or libfuse ignored, and the daemon's
+ * environment. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -42,8 +43,8 @@ int kfs_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid)
         posix_spawnattr_setsigmask(&at, &none);
         posix_spawnattr_setsigdefault(&at, &all);
         posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-        char *envp[] = { NULL };
-        int r = posix_spawn(pid, "/proc/self/exe", &fa, &at, argv, envp);
+        /* the daemon's environment: its binary finds the same libraries (LD_LIBRARY_PATH) as the daemon did */
+        int r = posix_spawn(pid, "/proc/self/exe", &fa, &at, argv, environ);
         posix_spawn_file_actions_destroy(&fa);
         posix_spawnattr_destroy(&at);
         for (int i = 0; i < nfds; i++)

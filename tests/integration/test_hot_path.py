@@ -27,6 +27,7 @@ from conftest import pid_alive, wait_for
 SYNC_FREE = {"RELEASE", "FORGET", "BATCH_FORGET", "INTERRUPT", "OWN"}
 AT_EMPTY_PATH, AT_SYMLINK_NOFOLLOW, AT_STATX_DONT_SYNC = 0x1000, 0x100, 0x4000
 STATX_ATIME = 0x20
+AGAIN_S = 0.11  # fs/refresh.c refreshes a file at most once in 100 ms (AGAIN_NS)
 
 
 def cached_atime_ns(path):
@@ -131,6 +132,7 @@ def test_after_close_stat_shows_the_logged_atime(kfs, mode, after):
         f.write(b"k" * 8192)
     for read in (True, False, True):
         settled(m, path)
+        time.sleep(AGAIN_S)  # a refresh at each close
         shown = os.stat(path).st_atime_ns  # the kernel holds the attributes now
         fd = os.open(path, os.O_RDONLY)
         if read:
@@ -151,6 +153,7 @@ def test_after_close_stat_shows_the_logged_atime(kfs, mode, after):
 
 def hit_and_wait(m, path, neo, data):
     """A hit, and its release and refresh done: the kernel holds the file's attributes again."""
+    time.sleep(AGAIN_S)
     done = sum(refreshes(m))
     assert runtime_hit(path, neo) == data
     wait_for(lambda: sum(refreshes(m)) > done, what="the refresh after the hit")
@@ -208,6 +211,7 @@ def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
         f.write(b"f" * 4096)
 
     def hit(path):
+        time.sleep(AGAIN_S)
         ok, dropped = refreshes(m)
         with open(path, "rb") as f:
             assert f.read() == b"f" * 4096
@@ -225,6 +229,39 @@ def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
     assert hit(m.path("b/x/f")) == (0, 1), "a file without a known name was not dropped"
     os.stat(m.path("b/x/f"))  # still no LOOKUP: the kernel holds the dentry
     assert hit(m.path("b/x/f")) == (0, 1)
+
+
+def test_the_last_of_overlapping_openers_refreshes(kfs):
+    """A release while the file is still open elsewhere leaves the refresh to the last opener's release
+    (fs/refresh.c, COST): two descriptors open at once, closed one after the other, make one refresh; and
+    the file is refreshed again at its next hits (a release that left it to another once must not leave
+    it unrefreshed for good)."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    path = m.path("k.bin")
+    data = b"k" * 8192
+    with open(path, "wb") as f:
+        f.write(data)
+    hit_and_wait(m, path, False, data)
+    time.sleep(AGAIN_S)
+    ok, dropped = refreshes(m)
+    a, b = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
+    assert os.read(a, 1 << 20) == data and os.read(b, 1 << 20) == data
+    os.close(a)
+    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0) - 1, what="the first RELEASE")
+    time.sleep(0.05)
+    assert refreshes(m) == (ok, dropped), "a file still open elsewhere was refreshed"
+    os.close(b)
+    wait_for(lambda: refreshes(m) == (ok + 1, dropped), what="the last opener's refresh")
+    for _ in range(2):
+        hit_and_wait(m, path, False, data)
+    assert refreshes(m) == (ok + 3, dropped)
+    before = requests(m)
+    hit_and_wait(m, path, False, data)
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)
+    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
 
 
 def refresh_child(m):
@@ -259,6 +296,7 @@ def test_the_refresher_killed_comes_back_and_goes_at_unmount(kfs):
     os.kill(child, signal.SIGKILL)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        time.sleep(AGAIN_S)
         ok, dropped = refreshes(m)
         runtime_hit(path, False)
         logged = int(os.getxattr(path, "user.kcachefs.atime_ns"))
