@@ -38,7 +38,10 @@
  * request gets ESTALE and the kernel looks the path up again, which refreshes the name. An idle fd whose
  * file has no name left (unlinked while open) is never closed, since no name reopens it. An evicted
  * inode gives its fd up at once (or at its last borrower's put): it lends the placeholder fs->dead_fd,
- * so the kernel's leftover inodes of evicted files hold no descriptor at all. */
+ * so the kernel's leftover inodes of evicted files hold no descriptor at all.
+ *   Where refresh.c is on, every inode also remembers the directory and name the kernel last knew it by
+ * (kdir, kname), holding a reference to that directory as up does: refresh.c's child reaches the file by
+ * the path they make. */
 #include <errno.h>
 #include <signal.h>
 #include <fcntl.h>
@@ -516,14 +519,19 @@ static void init_from_stat(struct kfs *fs, struct kfs_inode *in, const struct st
 }
 
 /* itable_lock held. Remembers dir/name as the name the kernel knows in by (kdir, kname: refresh.c builds
- * its path from them). Returns the directory it was known in before, whose reference the caller drops
- * (kfs_inode_unref) once it has let the lock go, or NULL. DIR and NAME NULL: no name (it went). */
-static struct kfs_inode *kname_set_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir, const char *name)
+ * its path from them), where refresh.c is on. Returns the directory it was known in before, whose
+ * reference the caller drops (kfs_inode_unref) once it has let the lock go, or NULL. A name removed or
+ * replaced later stays until the next lookup or rename: the path then leads nowhere, or to another inode
+ * number, and refresh.c drops instead. */
+static struct kfs_inode *kname_set_locked(struct kfs *fs, struct kfs_inode *in, struct kfs_inode *dir,
+                                          const char *name)
 {
-        if (in == &fs->root || (!dir && name) || (dir && in->kdir == dir && in->kname && !strcmp(in->kname, name)))
+        if (!fs->refresh.wanted || in == &fs->root || !dir)
                 return NULL;
-        char *n = dir ? strdup(name) : NULL;
-        if (dir && !n)
+        if (in->kdir == dir && in->kname && !strcmp(in->kname, name))
+                return NULL; /* known so already: the lookup of a warm name allocates nothing */
+        char *n = strdup(name);
+        if (!n)
                 dir = NULL; /* no memory: no name, which refresh.c takes as a drop */
         struct kfs_inode *old = in->kdir;
         if (dir)
@@ -590,17 +598,11 @@ void kfs_inode_moved(struct kfs *fs, uint64_t bino, struct kfs_inode *dir, const
 
 void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *dir, const char *name, int fd)
 {
-        struct kfs_inode *up = NULL, *kold = NULL;
+        if (fs->fdc.handles)
+                return;
+        struct kfs_inode *up = NULL;
         pthread_mutex_lock(&fs->itable_lock);
         struct kfs_inode *in = kfs_inode_find_locked(fs, st->st_ino);
-        if (in && in->kdir == dir && in->kname && !strcmp(in->kname, name))
-                kold = kname_set_locked(fs, in, NULL, NULL); /* no path leads to it by that name any more */
-        if (fs->fdc.handles) {
-                pthread_mutex_unlock(&fs->itable_lock);
-                if (kold)
-                        kfs_inode_unref(fs, kold, 1);
-                return;
-        }
         if (in && in->up == dir && in->name && !strcmp(in->name, name)) {
                 up = in->up;
                 in->up = NULL;
@@ -621,8 +623,6 @@ void kfs_inode_unnamed(struct kfs *fs, const struct stat *st, struct kfs_inode *
         pthread_mutex_unlock(&fs->itable_lock);
         if (up)
                 kfs_inode_unref(fs, up, 1);
-        if (kold)
-                kfs_inode_unref(fs, kold, 1);
 }
 
 /* itable_lock held. A name that leads to the number of an inode whose last name went is a new object's:

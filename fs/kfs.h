@@ -19,6 +19,8 @@
  *   devio.c     our own /dev/fuse I/O: INIT's negotiation, and where each reply goes
  *   fuse-kernel.h the kernel protocol's parts that Debian 12's headers and libfuse predate
  *   ring.c      FUSE over io_uring: per-CPU queues served by pinned threads
+ *   refresh.c   the kernel's attributes fetched anew after a release, by a child process
+ *   spawn.c     the daemon's helper processes (refresh.c's child, ring.c's nudges)
  *   ops.c       the fuse_lowlevel_ops table
  *
  * LOCK ORDER. Every mutex of the daemon's, written here once. A thread that holds one may take only those
@@ -36,14 +38,15 @@
  *   the index's locks   db_lock before batch_lock, and rd_lock (index/kidx-internal.h)
  * and these leaves, under which no other lock is ever taken: fs->fdc.lock (inode.c), ev->reap.lock
  * (evict/reap.c), ev->miss.lock (evict/misses.c), fs->flock.lock (flock.c), fs->pt.lock
- * (passthrough.c), each ring's (ring.c).
+ * (passthrough.c), fs->refresh.lock (refresh.c), each ring's (ring.c).
  * No lock of ours is held while a reply is sent or while the kernel is notified, and the daemon only sends
  * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). */
 #pragma once
 
 #define KFS_NAME_LOCKS 64
 #define KFS_KPATH_MAX 3968 /* the longest path refresh.c sends its child (kfs_inode_path_locked) */
-#define KFS_OPCODES 64 /* FUSE opcodes counted one by one (kfs_count_request); the last counts any higher one */
+#define KFS_OPCODES 64 /* FUSE opcodes counted one by one (kfs_count_request); the last counts any higher
+                          one, the one before it the daemon's own child's (KFS_OPCODE_OWN) */
 
 #define FUSE_USE_VERSION 314
 #include <fuse_lowlevel.h>
@@ -102,7 +105,7 @@ struct kfs_opts {
         int nolog;                /* debug: no access log (for measuring its cost) */
         int nopassthrough;        /* never use kernel passthrough (passthrough.c) */
         int nouring;              /* never use FUSE over io_uring (ring.c) */
-        int norefresh;            /* drop the kernel's attributes at RELEASE instead of refreshing them
+        int norefresh;            /* only drop the kernel's attributes at RELEASE, never refresh them
                                      (refresh.c) */
         int rebuild;              /* reconcile the index at mount even after a clean stop */
         int stale_locks;          /* a lock file whose creator has exited is removed when looked up
@@ -241,10 +244,13 @@ struct kfs {
                 size_t n, cap;    /* lock */
                 bool started, sleeping, stop; /* the thread; lock */
                 bool closed;      /* the session is going: no more notifications; lock */
-                unsigned notifying; /* the thread's notifications under way; lock */
-                int64_t retry_at; /* no thread or child could be started: not before this (ns); lock */
+                unsigned busy;    /* the thread at work on inodes or notifying; lock */
+                int64_t retry_at; /* no thread or child could be started: not before this
+                                     (CLOCK_MONOTONIC ns); lock */
+                int64_t backoff;  /* the last wait before a retry, doubled at each failure in a row; lock */
                 pthread_t thread;
-                _Atomic uint64_t sent, dropped; /* files refreshed by the child; dropped instead */
+                _Atomic uint64_t sent, dropped; /* files refreshed by the child; not, though queued or
+                                     meant to be (no path, the child failed) */
         } refresh;
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
@@ -510,9 +516,9 @@ int kfs_ring_nudge_child(const char *qid, const char *mountpoint);
 /* refresh.c */
 /* At mount, before the loop: whether refreshing can be on, and the mount's device (REFRESH). */
 void kfs_refresh_setup(struct kfs *fs);
-/* At RELEASE of a handle of in (kernel inode ino): the kernel gets in's attributes with the logged atime
- * again, refreshed by the child (a reader's release) or dropped so that it asks (a writer's, or where the
- * child cannot). No lock held. */
+/* At RELEASE of a handle of in (kernel inode ino): the kernel's attributes of in are dropped, so that a
+ * stat asks and gets the logged atime; after a reader's release, the child then fetches them anew
+ * (refresh.c, COST says when not). No lock held. */
 void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer);
 /* The loop ended: no more notifications (before the session is destroyed). */
 void kfs_refresh_close(struct kfs *fs);

@@ -4,13 +4,12 @@
  *
  * ATIME. The kernel's view of atime follows the log at the latest once the opener has closed the file:
  * at RELEASE (which the kernel sends as the last descriptor of an open closes, in the background) the
- * daemon hands the kernel the inode's attributes anew, with the logged atime: a reader's release queues
- * the file for refresh.c, whose child asks for them (one GETATTR nobody waits for); a writer's release, or
- * one the child cannot take, invalidates the kernel's attributes instead (never its pages), so the next
- * stat asks. Not at OPEN: the runtime's fstat right after its open would then wait for a GETATTR round
- * trip. After a read through passthrough the kernel invalidates atime itself (fs/fuse/passthrough.c:
- * fuse_file_accessed -> fuse_invalidate_atime, Linux 6.9+); the refresh after the release answers that
- * too, so that the next hit's fstat asks nothing (refresh.c, WHY).
+ * daemon invalidates the kernel's attributes of the inode (attributes only, never its pages), so that the
+ * next stat asks and gets the logged atime. Not at OPEN: the runtime's fstat right after its open would
+ * then wait for a GETATTR round trip. After a read through passthrough the kernel invalidates atime
+ * itself (fs/fuse/passthrough.c: fuse_file_accessed -> fuse_invalidate_atime, Linux 6.9+). Then, after a
+ * reader's release, refresh.c's child asks for the attributes anew (one GETATTR nobody waits for), so
+ * that the next hit's fstat finds them valid and asks nothing (refresh.c, WHY and COST say when not).
  *
  * Space: an operation that may allocate first reserves an upper bound of what it can allocate
  * (estimate()), which may evict (evict/space.c); afterwards it re-reads st_blocks and the index's used total

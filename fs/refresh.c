@@ -24,9 +24,11 @@
  *     /proc/self/mountinfo and exits once no mount of the device is left: the daemon then sees the
  *     connection end and stops, as at any unmount;
  *   - by the names the kernel last looked the file and its directories up, made or renamed them by
- *     (kfs_inode.kdir, kname: kfs_inode_path_locked), resolved with ktree_open_cached: beneath the clone, no symlink, no other mount, from the kernel's dentry cache
- *     only. A name the kernel does not hold fails instead of sending a LOOKUP, so the child never makes the
- *     kernel look anything up as root, and never waits on a name;
+ *     (kfs_inode.kdir, kname: kfs_inode_path_locked), resolved with ktree_open_cached: beneath the
+ *     clone, no symlink, no other mount, from the kernel's dentry cache only. A name the kernel does not
+ *     hold fails instead of sending a LOOKUP, so the child never makes the kernel look anything up as
+ *     root, and never waits on a name (a walk that meets a mount change fails with EAGAIN: tried again
+ *     CACHED_TRIES times);
  *   - and only if the inode number it reached is the file's: a stale path (its directory was renamed, a
  *     user swapped the name) is a failure, not another file's refresh.
  * What the child could not refresh stays dropped, as without it. After its GETATTR the child also checks,
@@ -47,9 +49,13 @@
  * refresh dropped again by the next release. And a file is refreshed at most once in AGAIN_NS (by
  * CLOCK_MONOTONIC): 8 readers of the same tree on 2 cores, whose opens of a file rarely overlap, made
  * 11,600 refreshes for 17,600 releases (bench/JOURNAL.md, fourth round); a file read again that soon is
- * read by a burst, in which the next release drops the refreshed attributes anyway. The thread and the child start at the first release that needs them,
- * not at mount: under a tasks limit (systemd's TasksMax) a thread made at mount may be the one libfuse
- * then cannot make. Off with -o norefresh, and wherever the daemon is not root (open_tree needs
+ * read by a burst, in which the next release drops the refreshed attributes anyway. Those two leave the
+ * file dropped, and count nowhere. The queue holds QUEUE_MAX files at most; past it, releases only drop.
+ * The thread and the child start at the first release that needs them, not at mount: under a tasks
+ * limit (systemd's TasksMax) a thread made at mount may be the one libfuse then cannot make. A child that
+ * cannot start or dies is tried again after RETRY_NS, doubled at each failure in a row (a log line each
+ * time); one that ended because the mount is gone (a lazy unmount with files still open), after
+ * RETRY_MAX_NS, quietly. Off with -o norefresh, and wherever the daemon is not root (open_tree needs
  * CAP_SYS_ADMIN) or does not log.
  *
  * Locks: refresh.lock is a leaf (kfs.h, LOCK ORDER); itable_lock is taken before it, never under it. */
@@ -61,6 +67,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -83,14 +90,17 @@
 #define BATCH 256          /* records sent before their answers are read */
 #define AGAIN_NS 100000000LL /* a file's refreshes at least this far apart (COST) */
 #define NAP_NS 1000000     /* the thread, woken by a release, waits this long for more (COST) */
-#define RETRY_NS (5LL * 1000000000) /* after the thread or the child could not start, or the child died */
+#define RETRY_NS (5LL * 1000000000) /* after the thread or the child could not start, or the child died: */
+#define RETRY_MAX_NS (300LL * 1000000000) /* doubled at each failure in a row, up to this */
+#define QUEUE_MAX 65536    /* files waiting; past it, releases only drop */
+#define CACHED_TRIES 3     /* a walk of the dentry cache fails with EAGAIN while any mount changes */
 #define ANSWER_MS 10000    /* the child's answers to a batch: beyond this it is killed */
 
 enum { FD_TREE = 3, FD_SOCK = 4 }; /* the child's */
 
 struct kfs_refresh_item {
-        fuse_ino_t ino;
-        struct kfs_inode *in; /* a lookup reference, until sent */
+        fuse_ino_t ino;       /* the kernel's number, for a drop: valid after the reference went too */
+        struct kfs_inode *in; /* a lookup reference, until taken by the thread */
         uint64_t bino;
         int64_t atime;
         char *path;
@@ -102,6 +112,22 @@ struct rec {
         int64_t atime;
 };
 
+/* The thread is done with the session and the inode table for now (kfs_refresh_close waits for it). */
+static void idle(struct kfs *fs)
+{
+        pthread_mutex_lock(&fs->refresh.lock);
+        if (!--fs->refresh.busy && fs->refresh.closed)
+                pthread_cond_broadcast(&fs->refresh.cond);
+        pthread_mutex_unlock(&fs->refresh.lock);
+}
+
+static int64_t mono_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 /* A file the child did not refresh: the release dropped its attributes already, and a stat since may
  * have fetched them again; dropped again, in case an older answer than the child's landed meanwhile.
  * Not once the session is going (kfs_refresh_close waits for one under way). No lock of ours is held
@@ -111,15 +137,12 @@ static void drop(struct kfs *fs, fuse_ino_t ino)
         atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
         pthread_mutex_lock(&fs->refresh.lock);
         bool go = !fs->refresh.closed;
-        fs->refresh.notifying += go;
+        fs->refresh.busy += go;
         pthread_mutex_unlock(&fs->refresh.lock);
         if (!go)
                 return;
-        fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
-        pthread_mutex_lock(&fs->refresh.lock);
-        if (!--fs->refresh.notifying && fs->refresh.closed)
-                pthread_cond_broadcast(&fs->refresh.cond);
-        pthread_mutex_unlock(&fs->refresh.lock);
+        fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0); /* by number: in may be gone, harmless */
+        idle(fs);
 }
 
 static int clone_mount(struct kfs *fs)
@@ -128,7 +151,7 @@ static int clone_mount(struct kfs *fs)
         if (fd < 0)
                 return -errno;
         struct statx sx;
-        /* DONT_SYNC: the device is the superblock's; nothing is asked of the daemon (whose thread this may be) */
+        /* DONT_SYNC: the device is the superblock's; nothing is asked of the daemon, whose thread this is */
         if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0) {
                 int e = -errno;
                 close(fd);
@@ -151,8 +174,8 @@ void kfs_refresh_setup(struct kfs *fs)
                 return;
         int fd = clone_mount(fs); /* the device, while the mount point surely holds our mount */
         if (fd < 0) {
-                kfs_log(LOG_NOTICE, "attributes are dropped at release, not refreshed: cannot clone the mount: %s",
-                        strerror(-fd));
+                kfs_log(LOG_NOTICE, "attributes are dropped at release, not refreshed: "
+                                    "cannot clone the mount: %s", strerror(-fd));
                 return;
         }
         close(fd);
@@ -166,17 +189,21 @@ struct child {
         int sock;
 };
 
-static void child_end(struct kfs *fs, struct child *c, bool kill_it)
+/* Ends the child (killed, or already gone); its exit status, or -1. */
+static int child_end(struct kfs *fs, struct child *c, bool kill_it)
 {
         if (!c->pid)
-                return;
+                return -1;
         atomic_store(&fs->refresh.child, 0);
         if (kill_it)
                 kill(c->pid, SIGKILL);
         close(c->sock);
         c->sock = -1;
-        waitpid(c->pid, NULL, 0); /* a child in a request the daemon holds ends once it is answered */
+        int st = 0;
+        while (waitpid(c->pid, &st, 0) < 0 && errno == EINTR) /* a child in a request the daemon holds */
+                ;                                             /* ends once it is answered */
         c->pid = 0;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 static int child_start(struct kfs *fs, struct child *c)
@@ -262,20 +289,25 @@ static void *refresher(void *arg)
                 memcpy(b, fs->refresh.q, n * sizeof(b[0]));
                 memmove(fs->refresh.q, fs->refresh.q + n, (fs->refresh.n - n) * sizeof(b[0]));
                 fs->refresh.n -= n;
-                bool stop = fs->refresh.stop;
-                bool may_start = kfs_now_ns() >= fs->refresh.retry_at;
+                bool closed = fs->refresh.closed, stop = fs->refresh.stop;
+                bool may_start = mono_ns() >= fs->refresh.retry_at;
+                fs->refresh.busy += !closed;
                 pthread_mutex_unlock(&fs->refresh.lock);
+                if (closed) { /* the session is going: no inode is touched (the table frees them at exit) */
+                        for (size_t i = 0; i < n; i++)
+                                free(b[i].path);
+                        if (stop)
+                                break;
+                        pthread_mutex_lock(&fs->refresh.lock);
+                        continue;
+                }
                 /* (ORDER) from here, a release of the same file queues it again */
                 for (size_t i = 0; i < n; i++) {
                         atomic_store(&b[i].in->refresh_pending, false);
                         b[i].atime = atomic_load(&b[i].in->atime_ns);
                         kfs_inode_unref(fs, b[i].in, 1);
                 }
-                if (stop) {
-                        for (size_t i = 0; i < n; i++)
-                                free(b[i].path);
-                        break;
-                }
+                idle(fs);
                 int r = 0;
                 bool failed = false;
                 if (!c.pid && may_start && (r = child_start(fs, &c)) < 0) {
@@ -284,11 +316,15 @@ static void *refresher(void *arg)
                         failed = true;
                 }
                 bool sent = c.pid && exchange(fs, &c, b, n, ok);
+                int64_t again = 0;
                 if (c.pid && !sent) {
-                        kfs_log(LOG_WARNING, "the refresher ended or stopped answering: attributes are "
-                                             "dropped at release for a while");
-                        child_end(fs, &c, true);
-                        failed = true;
+                        if (child_end(fs, &c, true) == 0) { /* the mount is gone (a lazy unmount, files open) */
+                                again = RETRY_MAX_NS;
+                        } else {
+                                kfs_log(LOG_WARNING, "the refresher ended or stopped answering: attributes are "
+                                                     "dropped at release for a while");
+                                failed = true;
+                        }
                 }
                 for (size_t i = 0; i < n; i++) {
                         if (sent && ok[i])
@@ -298,8 +334,14 @@ static void *refresher(void *arg)
                         free(b[i].path);
                 }
                 pthread_mutex_lock(&fs->refresh.lock);
-                if (failed)
-                        fs->refresh.retry_at = kfs_now_ns() + RETRY_NS;
+                if (failed) {
+                        int64_t w = fs->refresh.backoff ? 2 * fs->refresh.backoff : RETRY_NS;
+                        again = fs->refresh.backoff = w < RETRY_MAX_NS ? w : RETRY_MAX_NS;
+                } else if (sent) {
+                        fs->refresh.backoff = 0;
+                }
+                if (again)
+                        fs->refresh.retry_at = mono_ns() + again;
         }
         child_end(fs, &c, true);
         return NULL;
@@ -322,7 +364,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
         if (!it.path)
                 return -1;
         pthread_mutex_lock(&fs->refresh.lock);
-        bool ok = !fs->refresh.stop && (fs->refresh.started || kfs_now_ns() >= fs->refresh.retry_at);
+        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
+                  (fs->refresh.started || mono_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
                 size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
                 struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
@@ -335,7 +378,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
         if (ok && !fs->refresh.started) {
                 fs->refresh.started = pthread_create(&fs->refresh.thread, NULL, refresher, fs) == 0;
                 if (!fs->refresh.started) {
-                        fs->refresh.retry_at = kfs_now_ns() + RETRY_NS;
+                        fs->refresh.retry_at = mono_ns() + RETRY_NS;
                         ok = false;
                 }
         }
@@ -362,9 +405,7 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
                 fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
         if (writer || !fs->refresh.wanted || kfs_stale(in))
                 return;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        int64_t now = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec, last = atomic_load(&in->refresh_ns);
+        int64_t now = mono_ns(), last = atomic_load(&in->refresh_ns);
         if (last && now - last < AGAIN_NS)
                 return; /* (COST) */
         if (atomic_exchange(&in->refresh_pending, true))
@@ -384,7 +425,7 @@ void kfs_refresh_close(struct kfs *fs)
                 return;
         pthread_mutex_lock(&fs->refresh.lock);
         fs->refresh.closed = true;
-        while (fs->refresh.notifying)
+        while (fs->refresh.busy)
                 pthread_cond_wait(&fs->refresh.cond, &fs->refresh.lock);
         pthread_mutex_unlock(&fs->refresh.lock);
 }
@@ -402,10 +443,8 @@ void kfs_refresh_stop(struct kfs *fs)
          * request ended; the thread then ends its child itself (never a pid it may have reaped). */
         if (started)
                 pthread_join(fs->refresh.thread, NULL);
-        for (size_t i = 0; i < fs->refresh.n; i++) {
-                kfs_inode_unref(fs, fs->refresh.q[i].in, 1);
+        for (size_t i = 0; i < fs->refresh.n; i++) /* their inodes go with the table (kfs_inode_table_free) */
                 free(fs->refresh.q[i].path);
-        }
         free(fs->refresh.q);
         fs->refresh.q = NULL;
         fs->refresh.n = fs->refresh.cap = 0;
@@ -454,18 +493,19 @@ static bool mounted(int mi, dev_t dev)
 /* 0: the file at path is inode bino and the kernel holds an atime of at least atime, fresh from the daemon. */
 static int refresh_one(const struct ktree *t, const char *path, uint64_t bino, int64_t atime)
 {
-        int fd = ktree_open_cached(t, KTREE_ROOT, path);
+        int fd = -EAGAIN;
+        for (int i = 0; i < CACHED_TRIES && fd == -EAGAIN; i++)
+                fd = ktree_open_cached(t, KTREE_ROOT, path);
         if (fd < 0)
                 return fd;
         struct statx sx;
-        int r = statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_FORCE_SYNC, STATX_INO | STATX_ATIME, &sx);
+        const int how = AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW;
+        int r = statx(fd, "", how | AT_STATX_FORCE_SYNC, STATX_INO | STATX_ATIME, &sx) < 0 ? -errno : 0;
         if (r == 0 && sx.stx_ino != bino)
                 r = -ESTALE;
-        else if (r == 0 && statx(fd, "", AT_EMPTY_PATH | AT_SYMLINK_NOFOLLOW | AT_STATX_DONT_SYNC, STATX_ATIME, &sx) == 0 &&
+        else if (r == 0 && statx(fd, "", how | AT_STATX_DONT_SYNC, STATX_ATIME, &sx) == 0 &&
                  (int64_t)sx.stx_atime.tv_sec * 1000000000LL + sx.stx_atime.tv_nsec < atime)
                 r = -EAGAIN; /* an older answer landed after ours */
-        else if (r < 0)
-                r = -errno;
         close(fd);
         return r;
 }
@@ -477,6 +517,9 @@ int kfs_refresh_child(const char *devs)
         if (sscanf(devs, "%u:%u%c", &ma, &mi_, &end) != 2)
                 return 2;
         dev_t dev = makedev(ma, mi_);
+        prctl(PR_SET_NAME, "kcachefs-rfr"); /* exec'd as /proc/self/exe: "exe" otherwise */
+        signal(SIGHUP, SIG_IGN); /* the daemon's (its terminal's, with -f): the child ends with the mount */
+        signal(SIGINT, SIG_IGN);
         struct statx sx;
         if (statx(FD_TREE, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0 ||
             makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev || fcntl(FD_SOCK, F_GETFD) < 0)

@@ -332,7 +332,8 @@ int kfs_ring_nudge_child(const char *qid, const char *mountpoint)
 }
 
 /* The request is made by a helper process, not by this thread (spawn.c, WHY PROCESSES); this thread
- * waits for it in waitpid, which a SIGKILL of the daemon ends. */
+ * waits for it in waitpid, which a SIGKILL of the daemon ends. Where no helper can be started, by this
+ * thread after all: a queue must not stall. */
 static void *nudge_main(void *arg)
 {
         struct nudge n = *(struct nudge *)arg;
@@ -341,9 +342,17 @@ static void *nudge_main(void *arg)
         snprintf(q, sizeof(q), "%u", n.qid);
         char *argv[] = { "kcachefs", "--nudge", q, n.fs->o.mountpoint, NULL };
         pid_t pid;
-        if (kfs_spawn_self(argv, NULL, 0, &pid) == 0)
+        if (kfs_spawn_self(argv, NULL, 0, &pid) == 0) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
+        } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
+                cpu_set_t cpus;
+                CPU_ZERO(&cpus);
+                CPU_SET(n.qid, &cpus);
+                struct statvfs sv;
+                if (sched_setaffinity(0, sizeof(cpus), &cpus) == 0)
+                        (void)statvfs(n.fs->o.mountpoint, &sv);
+        }
         atomic_fetch_add(&n.fs->ring->nudged, 1);
         atomic_fetch_sub(&n.fs->ring->nudges, 1);
         return NULL;

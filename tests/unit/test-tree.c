@@ -2,9 +2,10 @@
  * resolvers (openat2, and the per-component walk of kernels without it) refuse every way out that a user
  * of a shared mount can build inside the tree: a symlink anywhere in a path, "..", an absolute path, a
  * mount point; a walk by identities refuses a component that holds another directory; a removal
- * refuses a name that holds another object. A mount point is tried only as root. ktree_chase_dir, the
- * walk of an operator's path (ktree_open_cached, the dentry cache's resolution, refuses the same ways out): follows the caller's links, refuses another user's link and any step below
- * a directory others may write or another user owns (as root), takes such a directory as the last step. */
+ * refuses a name that holds another object; so does ktree_open_cached, the dentry cache's resolution. A
+ * mount point is tried only as root. ktree_chase_dir, the walk of an operator's path: follows the
+ * caller's links, refuses another user's link and any step below a directory others may write or another
+ * user owns (as root), takes such a directory as the last step. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
