@@ -40,7 +40,9 @@ static const char *const OPNAMES[KFS_OPCODES] = {
 void kfs_count_request(struct kfs *fs, uint32_t opcode, uint32_t pid)
 {
         pid_t own = atomic_load_explicit(&fs->refresh.child, memory_order_relaxed);
-        unsigned slot = own && pid == (uint32_t)own ? KFS_OPCODE_OWN : opcode < KFS_OPCODE_OWN ? opcode : KFS_OPCODES - 1;
+        unsigned slot = own && pid == (uint32_t)own ? KFS_OPCODE_OWN
+                        : opcode < KFS_OPCODE_OWN   ? opcode
+                                                    : KFS_OPCODES - 1;
         atomic_fetch_add_explicit(&fs->requests[slot], 1, memory_order_relaxed);
 }
 
@@ -53,7 +55,8 @@ int kfs_requests_text(struct kfs *fs, char *buf, size_t size)
                         continue;
                 char other[16];
                 if (!OPNAMES[op])
-                        snprintf(other, sizeof(other), op == KFS_OPCODES - 1 ? "OTHER" : op == KFS_OPCODE_OWN ? "OWN" : "OP%u", op);
+                        snprintf(other, sizeof(other),
+                                 op == KFS_OPCODES - 1 ? "OTHER" : op == KFS_OPCODE_OWN ? "OWN" : "OP%u", op);
                 int w = snprintf(buf + (len < size ? len : size), len < size ? size - len : 0, "%s%s %" PRIu64,
                                  len ? " " : "", OPNAMES[op] ? OPNAMES[op] : other, n);
                 if (w < 0)
@@ -68,7 +71,8 @@ static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
         ssize_t n = read(fd, buf, len);
         struct kfs *fs = ud;
         if (n >= (ssize_t)sizeof(struct fk_in_header))
-                kfs_count_request(fs, ((const struct fk_in_header *)buf)->opcode, ((const struct fk_in_header *)buf)->pid);
+                kfs_count_request(fs, ((const struct fk_in_header *)buf)->opcode,
+                                  ((const struct fk_in_header *)buf)->pid);
         if (n >= (ssize_t)(sizeof(struct fk_in_header) + sizeof(struct fk_init_in)) && !fs->devio.init_seen) {
                 const struct fk_in_header *h = buf;
                 if (h->opcode == FK_INIT) {
