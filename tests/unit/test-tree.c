@@ -67,19 +67,23 @@ static void run(const char *root, const char *outside, bool walk)
         /* from the dentry cache only (fs/refresh.c's child, in the daemon's own mount): the same refusals,
          * and a name the kernel would have to look up fails instead */
         fd = ktree_open_cached(&t, KTREE_ROOT, "a/b/file");
-        CHECK(fd >= 0);
-        if (fd >= 0)
-                close(fd);
-        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/link/secret"), -ELOOP);
-        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/../a/b/file"), -EXDEV);
-        CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, outside), -EXDEV);
-        CHECK_EQ(ktree_open_cached(&t, dfd, "link/secret"), -ELOOP);
-        fd = ktree_open_cached(&t, KTREE_ROOT, "a/flink"); /* the link itself, never its target */
-        CHECK(fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode));
-        if (fd >= 0)
-                close(fd);
-        r = ktree_open_cached(&t, KTREE_ROOT, "a/b/never-looked-up");
-        CHECK(r == -EAGAIN || r == -ENOENT);
+        if (fd == -ENOSYS) { /* no openat2 here (valgrind knows none; Linux < 5.6): it says so, and no more */
+                CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/link/secret"), -ENOSYS);
+        } else {
+                CHECK(fd >= 0);
+                if (fd >= 0)
+                        close(fd);
+                CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/link/secret"), -ELOOP);
+                CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, "a/../a/b/file"), -EXDEV);
+                CHECK_EQ(ktree_open_cached(&t, KTREE_ROOT, outside), -EXDEV);
+                CHECK_EQ(ktree_open_cached(&t, dfd, "link/secret"), -ELOOP);
+                fd = ktree_open_cached(&t, KTREE_ROOT, "a/flink"); /* the link itself, never its target */
+                CHECK(fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode));
+                if (fd >= 0)
+                        close(fd);
+                r = ktree_open_cached(&t, KTREE_ROOT, "a/b/never-looked-up");
+                CHECK(r == -EAGAIN || r == -ENOENT);
+        }
         /* creation never through a symlink either */
         CHECK_EQ(ktree_open(&t, dfd, "flink", O_WRONLY | O_CREAT, 0600), -ELOOP);
         fd = ktree_open(&t, dfd, "new", O_WRONLY | O_CREAT | O_EXCL, 0600);
