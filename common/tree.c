@@ -175,7 +175,8 @@ int ktree_open_cached(const struct ktree *t, int dfd, const char *rel)
                 rel = ".";
         if (climbs(rel))
                 return -EXDEV;
-        struct open_how how = { .flags = O_PATH | O_NOFOLLOW | O_CLOEXEC, .resolve = RESOLVE_SAFE | RESOLVE_CACHED };
+        struct open_how how = { .flags = O_PATH | O_NOFOLLOW | O_CLOEXEC,
+                                .resolve = RESOLVE_SAFE | RESOLVE_CACHED };
         long fd = syscall(SYS_openat2, dfd, rel, &how, sizeof(how));
         return fd >= 0 ? (int)fd : -errno;
 }

@@ -62,7 +62,8 @@
 
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
-                                          "passthrough", "passthrough_opens", "transport", "ring_requests", "requests", "refreshed", "refresh_dropped",
+                                          "passthrough", "passthrough_opens", "transport", "ring_requests", "requests",
+                                          "refreshed", "refresh_dropped",
                                           "helped_writes", "blocked_writes", "background_evictions",
                                           "index_bytes", "wal_bytes", "inode_fds", "fd_reopens", "inodes",
                                           "detached_inodes", "pruned_names", "remote_hits", "remote_misses",
@@ -370,8 +371,8 @@ static int parse_bool(const char *v, size_t size, bool *ret)
 
 /* kcache zero: every counter of the statistics (opens, bytes_read, evicted_*, rebuilds, helped_writes,
  * blocked_writes, background_evictions, refetch*, suggested_max_bytes, refused_*, passthrough_opens,
- * ring_requests, requests, refreshed, refresh_dropped, fd_reopens, pruned_names, remote_*) back to 0. Not the gauges (max, used and free bytes, files,
- * the index's size, descriptors, inodes) nor anything eviction reads (the index's totals and seq,
+ * ring_requests, requests, refreshed, refresh_dropped, fd_reopens, pruned_names, remote_*) back to 0. Not
+ * the gauges (max, used and free bytes, files, the index's size, descriptors, inodes) nor anything eviction reads (the index's totals and seq,
  * misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
  * operation in flight may be counted on either side of the zero. */
 static int zero_counters(struct kfs *fs)

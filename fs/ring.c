@@ -41,8 +41,8 @@
  * the waits among them, stayed queued behind the new entries until some unrelated request came and was
  * answered: `ls` of the mount hung. So whenever a thread registered new entries for replies held back, it
  * also starts a nudge: a short thread that has one request made (a statfs of the mount, by a helper
- * process of its own, spawn.c) on that queue's CPU, after the new entries are in. An entry answers it, and that commit takes the next queued
- * request, whose answer takes the next. A nudge is a thread of its own, not a turn of one nudger, since
+ * process of its own, spawn.c) on that queue's CPU, after the new entries are in. An entry answers it,
+ * and that commit takes the next queued request, whose answer takes the next. A nudge is a thread of its own, not a turn of one nudger, since
  * a nudge can itself be queued in such a moment (a request of the burst took the new entry first); it
  * is then answered with the rest, and the deferral that took the entry starts a nudge of its own, so
  * the last event of any burst is a nudge that finds an entry waiting. At most NUDGES_MAX run at once.
@@ -316,19 +316,24 @@ struct nudge {
         unsigned qid;
 };
 
+/* The nudge's request: a statfs of the mount from CPU qid (the kernel queues a request by its CPU).
+ * 0, or -1 with errno set. */
+static int statfs_from(unsigned long qid, const char *mountpoint)
+{
+        cpu_set_t cpus;
+        CPU_ZERO(&cpus);
+        CPU_SET(qid, &cpus);
+        struct statvfs sv;
+        return sched_setaffinity(0, sizeof(cpus), &cpus) < 0 ? -1 : statvfs(mountpoint, &sv);
+}
+
 int kfs_ring_nudge_child(const char *qid, const char *mountpoint)
 {
         char *end;
         unsigned long q = strtoul(qid, &end, 10);
         if (*end || q >= CPU_SETSIZE)
                 return 2;
-        cpu_set_t cpus;
-        CPU_ZERO(&cpus);
-        CPU_SET(q, &cpus);
-        struct statvfs sv;
-        if (sched_setaffinity(0, sizeof(cpus), &cpus) < 0) /* the kernel queues a request by its CPU */
-                return 1;
-        return statvfs(mountpoint, &sv) < 0;
+        return statfs_from(q, mountpoint) < 0;
 }
 
 /* The request is made by a helper process, not by this thread (spawn.c, WHY PROCESSES); this thread
@@ -346,12 +351,7 @@ static void *nudge_main(void *arg)
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
         } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
-                cpu_set_t cpus;
-                CPU_ZERO(&cpus);
-                CPU_SET(n.qid, &cpus);
-                struct statvfs sv;
-                if (sched_setaffinity(0, sizeof(cpus), &cpus) == 0)
-                        (void)statvfs(n.fs->o.mountpoint, &sv);
+                (void)statfs_from(n.qid, n.fs->o.mountpoint);
         }
         atomic_fetch_add(&n.fs->ring->nudged, 1);
         atomic_fetch_sub(&n.fs->ring->nudges, 1);
