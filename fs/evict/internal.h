@@ -96,7 +96,8 @@ struct seen_set {
 /* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
  * are released. */
 struct notify_list {
-        struct { fuse_ino_t ino; bool dir, gone; } *items; /* gone: evicted or pruned (kprune.c) */
+        /* gone: evicted or pruned (kprune.c); told: its attributes already dropped (kev_notify_gone) */
+        struct { fuse_ino_t ino; bool dir, gone, told; } *items;
         size_t n;
 };
 
@@ -237,6 +238,8 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
 void kev_note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in);
 /* No lock of ours held: tells the kernel, and empties nl. */
 void kev_notify_all(struct kfs *fs, struct notify_list *nl);
+/* Any lock held: drops the kernel's attributes of the evicted files noted from nl->items[from] on. */
+void kev_notify_gone(struct kfs *fs, struct notify_list *nl, size_t from);
 size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dirfds, struct notify_list *nl,
                                 bool *replaced);
 /* Removes one unit of vs, all of it or none. Returns the bytes freed. */

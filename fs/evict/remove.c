@@ -27,6 +27,7 @@ void kev_note_inode(struct kfs *fs, struct notify_list *nl, struct kfs_inode *in
         /* directories (their cached listing) and live files (content rewritten by a repair) drop their
          * pages too; an evicted file only its attributes */
         nl->items[nl->n].gone = atomic_load(&in->evicted) && in != &fs->root;
+        nl->items[nl->n].told = false;
         nl->items[nl->n++].dir = S_ISDIR(in->type) || !atomic_load(&in->evicted);
 }
 
@@ -36,7 +37,8 @@ void kev_notify_all(struct kfs *fs, struct notify_list *nl)
 {
         size_t gone = 0;
         for (size_t i = 0; i < nl->n; i++)
-                (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->items[i].ino, nl->items[i].dir ? 0 : -1, 0);
+                if (!nl->items[i].told)
+                        (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->items[i].ino, nl->items[i].dir ? 0 : -1, 0);
         /* Then their names go from the kernel's cache, where nobody uses them (kprune.c). */
         uint64_t *ids = nl->n ? malloc(nl->n * sizeof(*ids)) : NULL;
         for (size_t i = 0; ids && i < nl->n; i++)
@@ -47,6 +49,17 @@ void kev_notify_all(struct kfs *fs, struct notify_list *nl)
         free(nl->items);
         nl->items = NULL;
         nl->n = 0;
+}
+
+/* An evicted file's attributes only (offset -1): the kernel takes no lock for it, so it is safe under
+ * any lock of ours and from a handler (TELLING THE KERNEL). */
+void kev_notify_gone(struct kfs *fs, struct notify_list *nl, size_t from)
+{
+        for (size_t i = from; i < nl->n; i++)
+                if (nl->items[i].gone && !nl->items[i].dir && !nl->items[i].told) {
+                        (void)fuse_lowlevel_notify_inval_inode(fs->se, nl->items[i].ino, -1, 0);
+                        nl->items[i].told = true;
+                }
 }
 
 /* itable_lock held. Unlinks every name of v that still is v (dirfds[i] for v->names[i]); marks the inode
@@ -143,6 +156,7 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
         for (size_t k = 0; k < u->count; k++)
                 total += vs->v[u->first + k].nnames;
         int lock = runtime_lock(fs, dc, vs, u, in_line);
+        size_t nl_from = nl->n;
         int small[16], *fds = lock == -EWOULDBLOCK ? NULL : total <= 16 ? small : malloc(total * sizeof(int));
         if (!fds) { /* the runtime holds its lock: the unit stays, for now */
                 for (size_t k = 0; k < u->count; k++)
@@ -196,8 +210,13 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                 j += v->nnames;
         }
         pthread_mutex_unlock(&fs->itable_lock);
-        if (lock >= 0)
+        if (lock >= 0) {
+                /* The kernel forgets the removed files' attributes before the runtime may look again: a
+                 * -cache whose attributes it held (refresh.c refreshes a read file's) would still stat
+                 * as there, from its cache, beside its -atime, which asks and is gone. */
+                kev_notify_gone(fs, nl, nl_from);
                 close(lock); /* releases the runtime's lock */
+        }
         for (size_t j = 0; j < total; j++)
                 if (fds[j] >= 0)
                         close(fds[j]);
