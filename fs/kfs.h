@@ -38,9 +38,12 @@
  *   the index's locks   db_lock before batch_lock, and rd_lock (index/kidx-internal.h)
  * and these leaves, under which no other lock is ever taken: fs->fdc.lock (inode.c), ev->reap.lock
  * (evict/reap.c), ev->miss.lock (evict/misses.c), fs->flock.lock (flock.c), fs->pt.lock
- * (passthrough.c), fs->refresh.lock (refresh.c), each ring's (ring.c).
+ * (passthrough.c), fs->refresh.lock (refresh.c), each ring's and its nudge_lock (ring.c).
  * No lock of ours is held while a reply is sent or while the kernel is notified, and the daemon only sends
- * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). */
+ * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). One exception: an
+ * evicted file's attributes are dropped under evict_lock, before the runtime's own lock is let go
+ * (evict/remove.c, kev_notify_gone); the kernel finds that inode closed and clean, so nothing in it waits
+ * for the daemon. */
 #pragma once
 
 #define KFS_NAME_LOCKS 64

@@ -124,6 +124,8 @@ struct kfs_ring {
         struct ring_thread *t;    /* nt */
         struct ring_ent *_Atomic ents; /* list through ->all */
         _Atomic unsigned nudges;  /* nudge threads running (A QUEUE NEVER STALLS) */
+        pthread_mutex_t nudge_lock; /* a leaf: the list of nudges started, not yet joined */
+        struct nudge *nudge_list;
         _Atomic uint64_t nudged;  /* nudges made since mount */
 };
 
@@ -311,9 +313,15 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
 
 #define NUDGES_MAX 256
 
+/* A nudge's thread is joined, never detached: by the next nudge() once it is done, or at ring stop, so
+ * that none outlives the ring (a detached one still exiting as the daemon exits is what LeakSanitizer's
+ * tracer faults on), and none reads fs->ring after it was freed. */
 struct nudge {
         struct kfs *fs;
         unsigned qid;
+        pthread_t th;
+        _Atomic bool done;
+        struct nudge *next;       /* kfs_ring.nudge_list; nudge_lock */
 };
 
 /* The nudge's request: a statfs of the mount from CPU qid (the kernel queues a request by its CPU).
@@ -341,21 +349,39 @@ int kfs_ring_nudge_child(const char *qid, const char *mountpoint)
  * thread after all: a queue must not stall. */
 static void *nudge_main(void *arg)
 {
-        struct nudge n = *(struct nudge *)arg;
-        free(arg);
+        struct nudge *n = arg;
         char q[16];
-        snprintf(q, sizeof(q), "%u", n.qid);
-        char *argv[] = { "kcachefs", "--nudge", q, n.fs->o.mountpoint, NULL };
+        snprintf(q, sizeof(q), "%u", n->qid);
+        char *argv[] = { "kcachefs", "--nudge", q, n->fs->o.mountpoint, NULL };
         pid_t pid;
         if (kfs_spawn_self(argv, NULL, 0, &pid) == 0) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
         } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
-                (void)statfs_from(n.qid, n.fs->o.mountpoint);
+                (void)statfs_from(n->qid, n->fs->o.mountpoint);
         }
-        atomic_fetch_add(&n.fs->ring->nudged, 1);
-        atomic_fetch_sub(&n.fs->ring->nudges, 1);
+        atomic_fetch_add(&n->fs->ring->nudged, 1);
+        atomic_fetch_sub(&n->fs->ring->nudges, 1);
+        atomic_store(&n->done, true);
         return NULL;
+}
+
+/* nudge_lock held. Joins the nudges that are done (each a moment from its end), or, with all, every one
+ * before until; returns those left running. */
+static unsigned nudges_join_locked(struct kfs_ring *r, bool all, const struct timespec *until)
+{
+        unsigned left = 0;
+        for (struct nudge **p = &r->nudge_list, *n; (n = *p);) {
+                if ((atomic_load(&n->done) && pthread_join(n->th, NULL) == 0) ||
+                    (all && pthread_timedjoin_np(n->th, NULL, until) == 0)) {
+                        *p = n->next;
+                        free(n);
+                } else {
+                        left++;
+                        p = &n->next;
+                }
+        }
+        return left;
 }
 
 /* After t submitted the registration of new entries: a request on t's queue, from a thread of its own. */
@@ -363,25 +389,29 @@ static void nudge(struct ring_thread *t)
 {
         struct kfs_ring *r = t->fs->ring;
         t->nudge = false;
-        if (atomic_fetch_add(&r->nudges, 1) >= NUDGES_MAX || atomic_load(&r->stop))
-                goto undo;
-        struct nudge *n = malloc(sizeof(*n));
+        pthread_mutex_lock(&r->nudge_lock);
+        (void)nudges_join_locked(r, false, NULL);
+        struct nudge *n = NULL;
         pthread_attr_t a;
-        if (!n || pthread_attr_init(&a) != 0) {
-                free(n);
+        if (atomic_fetch_add(&r->nudges, 1) >= NUDGES_MAX || atomic_load(&r->stop) ||
+            !(n = calloc(1, sizeof(*n))) || pthread_attr_init(&a) != 0)
                 goto undo;
-        }
-        *n = (struct nudge){ t->fs, t->qid };
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        n->fs = t->fs;
+        n->qid = t->qid;
         pthread_attr_setstacksize(&a, 64 * 1024);
         /* Made by a ring thread, which blocks every signal: so does the nudge. */
-        int e = pthread_create(&(pthread_t){ 0 }, &a, nudge_main, n);
+        int e = pthread_create(&n->th, &a, nudge_main, n);
         pthread_attr_destroy(&a);
-        if (e == 0)
+        if (e == 0) {
+                n->next = r->nudge_list;
+                r->nudge_list = n;
+                pthread_mutex_unlock(&r->nudge_lock);
                 return;
-        free(n);
+        }
 undo:
+        free(n);
         atomic_fetch_sub(&r->nudges, 1);
+        pthread_mutex_unlock(&r->nudge_lock);
 }
 
 static void take_handoff(struct ring_thread *t)
@@ -547,6 +577,7 @@ void kfs_ring_init(struct kfs *fs)
         r->nq = (unsigned)n;
         r->nt = r->nq * RING_THREADS;
         pthread_mutex_init(&r->lock, NULL);
+        pthread_mutex_init(&r->nudge_lock, NULL);
         pthread_cond_init(&r->cond, NULL);
         fs->ring = r;
 }
@@ -682,15 +713,23 @@ void kfs_ring_stop(struct kfs *fs)
                         close(t->efd);
                 pthread_mutex_destroy(&t->lock);
         }
-        /* Nudges still running end at once: the mount is gone, their statfs reaches the directory below. */
-        for (int i = 0; atomic_load(&r->nudges) && i < 5000; i++)
-                usleep(1000);
+        /* Nudges still running end at once: the mount is gone, their statfs reaches the directory below.
+         * One that does not within 5 s keeps the ring: it is left allocated rather than freed under it. */
+        pthread_mutex_lock(&r->nudge_lock);
+        unsigned left = nudges_join_locked(r, true, &(struct timespec){ time(NULL) + 5, 0 });
+        pthread_mutex_unlock(&r->nudge_lock);
+        if (left) {
+                kfs_log(LOG_WARNING, "%u nudge(s) of the io_uring queues did not end; their memory is kept", left);
+                fs->ring = NULL;
+                return;
+        }
         for (struct ring_ent *e = atomic_load(&r->ents), *next; e; e = next) {
                 next = e->all;
                 munmap(e->area, RING_ROOM + r->payload);
                 free(e);
         }
         pthread_mutex_destroy(&r->lock);
+        pthread_mutex_destroy(&r->nudge_lock);
         pthread_cond_destroy(&r->cond);
         free(r->t);
         free(r);

@@ -1,6 +1,7 @@
 /* remove.c: removing a chosen unit (evict.h: EXACTNESS, INODE REUSE, TELLING THE KERNEL, and JAX's lock
  * below). Names are checked against the victim's inode number under itable_lock and the directory's name
- * lock, and unlinked there; the index is told after, the kernel last, with no lock held. */
+ * lock, and unlinked there; the index is told after, the kernel last, with no lock held; except that a
+ * unit removed under its runtime's lock has its files' attributes dropped before that lock goes. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>

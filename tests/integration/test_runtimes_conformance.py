@@ -5,6 +5,7 @@ Every worker returns (stores, loads, hits, violations); a violation is something
 have failed on because of kcachefs."""
 import base64
 import fcntl
+import functools
 import hashlib
 import multiprocessing as mp
 import os
@@ -360,8 +361,12 @@ def jax_worker(mnt, wid, nkeys, stop_at, q):
                     if not os.path.exists(a):
                         bad.append(f"{c} without its -atime: every later put fails")
                     else:
-                        with open(c, "rb") as f:
-                            hits += f.read() == data
+                        try:
+                            with open(c, "rb") as f:
+                                hits += f.read() == data
+                        except FileNotFoundError:
+                            bad.append(f"{c} there under the lock, gone at its open: the get fails")
+                            continue
                         with open(a, "wb") as f:
                             f.write(struct.pack("<q", time.time_ns()))
             else:
@@ -388,6 +393,45 @@ def test_jax_never_has_a_cache_without_its_atime(kfs):
         if n.endswith("-cache"):
             assert n[:-6] + "-atime" in names
     assert ".lockfile" in names  # bookkeeping is never evicted
+    index_matches_tree(m)
+
+
+def jax_checker(backing, mnt, wid, nkeys, stop_at, q):
+    """Worker 0: a JAX process that, each time it has the lock, looks at every key: a -cache the mount
+    shows is in the backing directory (nothing can remove it while the lock is held, and JAX's get opens
+    what it saw). It waits for the lock (a blocking flock), so it has it the moment eviction lets go; and
+    its stats have the kernel hold every -cache's attributes, as JAX's gets and fs/refresh.c do."""
+    if wid:
+        return jax_worker(mnt, wid, nkeys, stop_at, q)
+    loads = 0
+    bad = []
+    lockfd = os.open(os.path.join(mnt, "jax", ".lockfile"), os.O_RDWR | os.O_CREAT, 0o644)
+    names = [f"jax/jit_fn{k}-{hashlib.sha256(str(k).encode()).hexdigest()}-cache" for k in range(nkeys)]
+    while time.monotonic() < stop_at:
+        fcntl.flock(lockfd, fcntl.LOCK_EX)
+        try:
+            for n in names:
+                if os.path.exists(os.path.join(mnt, n)):
+                    loads += 1
+                    if not os.path.exists(os.path.join(backing, n)):
+                        bad.append(f"{n} stats as there under the lock, and eviction removed it")
+        finally:
+            fcntl.flock(lockfd, fcntl.LOCK_UN)
+    os.close(lockfd)
+    q.put((0, loads, 0, bad))
+
+
+def test_jax_what_a_reader_sees_under_the_lock_is_there(kfs):
+    # Eviction takes JAX's lock itself, and lets go of it after removing an entry: the kernel must have
+    # forgotten the removed files' attributes by then, or a -cache it holds them for stats as there to
+    # the process that takes the lock next (beside its -atime, which may ask and be gone: every later
+    # put of the key fails; or with it, and the get's open fails).
+    m = kfs({"max_size": "1M", "grace_ms": GRACE})
+    os.makedirs(m.path("jax"))
+    stores, loads, hits, bad = run_workers(functools.partial(jax_checker, m.backing), m.mnt, 100,
+                                            enough=lambda s, l, h: s > 50 and h > 10 and evicted(m) > 10)
+    assert not bad, bad[:5]
+    assert stores > 50 and hits > 10 and evicted(m) > 10
     index_matches_tree(m)
 
 
