@@ -16,7 +16,7 @@
  * queues. (Our opens set noflush, so no request at all comes at close.) So the daemon remembers which
  * thread took each lock it holds; a LOCK_NB that conflicts with a lock whose taker is gone (no such
  * thread, or a zombie: its files are closed, the RELEASE is on its way) waits for that RELEASE, at most
- * HOLDER_GONE_MS, then tries once more. If the lock was inherited by a child that still runs, no RELEASE
+ * HOLDER_GONE_MS, then tries again (LATE). If the lock was inherited by a child that still runs, no RELEASE
  * comes, and the answer is EWOULDBLOCK after that wait, as it should be. A holder that closes the file
  * while it goes on running is not covered: nothing tells the daemon of that close before the RELEASE.
  *
@@ -60,7 +60,8 @@ struct kfs_flock_wait {
         int fd, op;
         uint64_t bino;
         pid_t tid;
-        bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try once more */
+        bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try again (LATE) */
+        bool done;            /* answered: its thread ends, to be joined (flock.lock) */
         pthread_t thread;
         struct kfs_flock_wait *next;
 };
@@ -271,15 +272,26 @@ static void *flock_waiter(void *arg)
         }
         fuse_reply_err(w->req, e);
         pthread_mutex_lock(&fs->flock.lock);
-        for (struct kfs_flock_wait **p = &fs->flock.list; *p; p = &(*p)->next)
-                if (*p == w) {
-                        *p = w->next;
-                        break;
-                }
+        w->done = true; /* joined and freed by the next defer() or by kfs_flock_stop() */
         pthread_cond_broadcast(&fs->flock.cond);
         pthread_mutex_unlock(&fs->flock.lock);
-        free(w);
         return NULL;
+}
+
+/* flock.lock held. Joins the waits that are done (each a moment from its end), or every one. A thread
+ * is never detached: none may still be exiting as the daemon exits (LeakSanitizer's tracer faults on
+ * such a thread). */
+static void waits_join_locked(struct kfs *fs, bool all)
+{
+        for (struct kfs_flock_wait **p = &fs->flock.list, *w; (w = *p);) {
+                if (w->done || all) {
+                        pthread_join(w->thread, NULL);
+                        *p = w->next;
+                        free(w);
+                } else {
+                        p = &w->next;
+                }
+        }
 }
 
 /* Answers on a thread of its own; false if none could be started. */
@@ -289,12 +301,13 @@ static bool defer(struct kfs *fs, const struct kfs_flock_wait *tmpl)
         struct kfs_flock_wait *w = malloc(sizeof(*w));
         pthread_attr_t a;
         pthread_attr_init(&a);
-        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
         pthread_attr_setstacksize(&a, 256 * 1024);
         pthread_mutex_lock(&fs->flock.lock);
+        waits_join_locked(fs, false);
         bool started = false;
         if (w && !atomic_load(&fs->flock.stop)) {
                 *w = *tmpl;
+                w->done = false;
                 w->next = fs->flock.list;
                 started = pthread_create(&w->thread, &a, flock_waiter, w) == 0;
                 if (started)
@@ -343,13 +356,20 @@ void kfs_flock_stop(struct kfs *fs)
 {
         pthread_mutex_lock(&fs->flock.lock);
         atomic_store(&fs->flock.stop, true);
-        while (fs->flock.list) { /* a signal may come before a flock starts waiting: repeat until all end */
+        for (;;) { /* a signal may come before a flock starts waiting: repeat until all end */
+                bool running = false;
                 for (struct kfs_flock_wait *w = fs->flock.list; w; w = w->next)
-                        pthread_kill(w->thread, KFS_WAKE_SIGNAL);
+                        if (!w->done) {
+                                running = true;
+                                pthread_kill(w->thread, KFS_WAKE_SIGNAL);
+                        }
+                if (!running)
+                        break;
                 pthread_cond_broadcast(&fs->flock.cond);
                 struct timespec ts = kfs_deadline_ms(10);
                 pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &ts);
         }
+        waits_join_locked(fs, true);
         while (fs->flock.holders)
                 holder_drop_locked(fs, fs->flock.holders->fd);
         pthread_mutex_unlock(&fs->flock.lock);
