@@ -187,6 +187,8 @@ struct kfs_inode {
         _Atomic int64_t refresh_ns; /* when refresh.c last queued it (CLOCK_MONOTONIC), or 0 */
         _Atomic bool refresh_pending; /* in refresh.c's queue, not yet sent to its child (refresh.c, ORDER) */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
+        bool settling;            /* the settler holds a descriptor of it: eviction passes over it meanwhile
+                                     (settle.c, PINNED); fs->itable_lock */
         uint64_t margin;          /* bytes of fs->ev's reservation held for what writeback may still allocate
                                      for it (settle.c, MARGIN), released when the settler measures it; lock */
         _Atomic int64_t named_ns; /* a directory: when a request last named it (looked it up, or looked up

@@ -318,6 +318,7 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
  * tracer faults on), and none reads fs->ring after it was freed. */
 struct nudge {
         struct kfs *fs;
+        struct kfs_ring *r;       /* kept, not freed, while a nudge runs (kfs_ring_stop) */
         unsigned qid;
         pthread_t th;
         _Atomic bool done;
@@ -360,8 +361,8 @@ static void *nudge_main(void *arg)
         } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
                 (void)statfs_from(n->qid, n->fs->o.mountpoint);
         }
-        atomic_fetch_add(&n->fs->ring->nudged, 1);
-        atomic_fetch_sub(&n->fs->ring->nudges, 1);
+        atomic_fetch_add(&n->r->nudged, 1);
+        atomic_fetch_sub(&n->r->nudges, 1);
         atomic_store(&n->done, true);
         return NULL;
 }
@@ -397,6 +398,7 @@ static void nudge(struct ring_thread *t)
             !(n = calloc(1, sizeof(*n))) || pthread_attr_init(&a) != 0)
                 goto undo;
         n->fs = t->fs;
+        n->r = r;
         n->qid = t->qid;
         pthread_attr_setstacksize(&a, 64 * 1024);
         /* Made by a ring thread, which blocks every signal: so does the nudge. */

@@ -240,7 +240,7 @@ bool kev_is_open_locked(struct kfs *fs, uint64_t ino)
         struct kfs_inode *in = kfs_inode_find_locked(fs, ino);
         if (!in)
                 return false;
-        return in->writers > 0 || (fs->o.protect == KFS_PROTECT_OPEN && in->readers > 0);
+        return in->writers > 0 || in->settling || (fs->o.protect == KFS_PROTECT_OPEN && in->readers > 0);
 }
 
 /* Reads a candidate's names and paths. 0: evictable; 1: protected (pinned by pattern); -errno. */
