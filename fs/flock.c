@@ -16,16 +16,16 @@
  * queues. (Our opens set noflush, so no request at all comes at close.) So the daemon remembers which
  * thread took each lock it holds; a LOCK_NB that conflicts with a lock whose taker is gone (no such
  * thread, or a zombie: its files are closed, the RELEASE is on its way) waits for that RELEASE, at most
- * HOLDER_GONE_MS, then tries again (LATE). If the lock was inherited by a child that still runs, no RELEASE
+ * HOLDER_GONE_MS, then tries once more. If the lock was inherited by a child that still runs, no RELEASE
  * comes, and the answer is EWOULDBLOCK after that wait, as it should be. A holder that closes the file
  * while it goes on running is not covered: nothing tells the daemon of that close before the RELEASE.
  *
- * LATE. The lock of a backing fd is its open file description's, freed when the last reference to that
- * description goes, and the daemon's close at RELEASE need not be the last: a helper being spawned
- * (spawn.c) holds a copy of the daemon's descriptor table, every backing fd in it, from its clone until
- * its exec closes them. A LOCK_NB that waited for a gone holder's RELEASE and still conflicts right after
- * it therefore tries again every millisecond for LATE_MS (within HOLDER_GONE_MS) before it answers
- * EWOULDBLOCK: test_fs_posix.py's flock test failed 2 runs in 40 when nudges spawned a helper each. */
+ * LET GO AT RELEASE. A lock held through a backing fd belongs to its open file description, which close()
+ * frees only with its last reference, and the daemon's close need not be the last: a helper being spawned
+ * (spawn.c) holds a copy of the daemon's descriptor table, every backing fd in it, until the spawn closes
+ * them. So at RELEASE a lock the handle holds is let go (LOCK_UN, what the kernel's
+ * FUSE_RELEASE_FLOCK_UNLOCK asks for) before its fd is closed: test_fs_posix.py's flock test failed 2 runs
+ * in 40 while nudges spawned a helper each and RELEASE only closed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -38,12 +38,6 @@
 #include "kfs.h"
 
 #define HOLDER_GONE_MS 250
-#define LATE_MS 20
-
-static int64_t ts_ns(const struct timespec *t)
-{
-        return (int64_t)t->tv_sec * 1000000000LL + t->tv_nsec;
-}
 
 /* A lock held through one of our backing fds. */
 struct kfs_flock_holder {
@@ -60,7 +54,7 @@ struct kfs_flock_wait {
         int fd, op;
         uint64_t bino;
         pid_t tid;
-        bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try again (LATE) */
+        bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try once more */
         bool done;            /* answered: its thread ends, to be joined (flock.lock) */
         pthread_t thread;
         struct kfs_flock_wait *next;
@@ -213,6 +207,8 @@ void kfs_flock_close(struct kfs *fs, int fd)
          * unlisted would otherwise answer EWOULDBLOCK for a lock that is already free. */
         pthread_mutex_lock(&fs->flock.lock);
         bool held = holder_drop_locked(fs, fd);
+        if (held)
+                (void)flock(fd, LOCK_UN); /* (LET GO AT RELEASE) */
         close(fd);
         if (held)
                 pthread_cond_broadcast(&fs->flock.cond);
@@ -256,16 +252,7 @@ static void *flock_waiter(void *arg)
                 while (!atomic_load(&fs->flock.stop) && gone_holder_locked(fs, w->bino) &&
                        pthread_cond_timedwait(&fs->flock.cond, &fs->flock.lock, &until) == 0)
                         ;
-                bool released = !gone_holder_locked(fs, w->bino);
-                int64_t end = kfs_now_ns() + LATE_MS * 1000000LL, bound = ts_ns(&until);
-                end = end < bound ? end : bound;
-                /* (LATE) the RELEASE came: tries again for a moment, never past the wait's own bound */
-                while ((e = try_locked(fs, w->fd, w->op, w->bino, w->tid)) == EWOULDBLOCK && released &&
-                       !atomic_load(&fs->flock.stop) && kfs_now_ns() < end) {
-                        pthread_mutex_unlock(&fs->flock.lock);
-                        nanosleep(&(struct timespec){ .tv_nsec = 1000000 }, NULL);
-                        pthread_mutex_lock(&fs->flock.lock);
-                }
+                e = try_locked(fs, w->fd, w->op, w->bino, w->tid);
                 pthread_mutex_unlock(&fs->flock.lock);
         } else {
                 e = take_waiting(fs, w);
@@ -341,6 +328,10 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
         w.after_gone = gone;
         if (defer(fs, &w))
                 return;
+        if (!gone && atomic_load(&fs->flock.stop)) { /* stopping: a wait begun now would never be woken */
+                fuse_reply_err(req, EINTR);
+                return;
+        }
         /* No thread to spare: wait here (a LOCK_NB only tries once more). */
         if (gone) {
                 pthread_mutex_lock(&fs->flock.lock);

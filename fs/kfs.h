@@ -42,8 +42,8 @@
  * No lock of ours is held while a reply is sent or while the kernel is notified, and the daemon only sends
  * notifications that take no lock in the kernel (evict/evict.h, TELLING THE KERNEL). One exception: an
  * evicted file's attributes are dropped under evict_lock, before the runtime's own lock is let go
- * (evict/remove.c, kev_notify_gone); the kernel finds that inode closed and clean, so nothing in it waits
- * for the daemon. */
+ * (evict/remove.c, kev_notify_gone): for a closed inode on a mount without writeback cache, nothing the
+ * kernel does for it waits for the daemon. */
 #pragma once
 
 #define KFS_NAME_LOCKS 64
@@ -266,7 +266,7 @@ struct kfs {
         struct {                  /* flock() (flock.c) */
                 pthread_mutex_t lock;
                 pthread_cond_t cond;      /* a waiter ended, or a lock's holder was closed */
-                struct kfs_flock_wait *list; /* waits, each on its own thread; lock */
+                struct kfs_flock_wait *list; /* waits, each on its own thread, until joined; lock */
                 struct kfs_flock_holder *holders; /* the locks our backing fds hold; lock */
                 _Atomic unsigned nholders;
                 _Atomic bool stop;
@@ -583,8 +583,10 @@ bool kfs_ring_wanted(struct kfs *fs);
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
 /* Sends a reply: into its ring entry if the request came through a ring, else to fd. */
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);
-/* Stops and frees the ring threads (after the session loop). */
+/* Stops the ring threads (after the session loop). */
 void kfs_ring_stop(struct kfs *fs);
+/* Joins the nudges and frees the ring (after fuse_session_destroy: a nudge's request ends with it). */
+void kfs_ring_free(struct kfs *fs);
 /* "io_uring (N queues)", or "/dev/fuse" with why. */
 const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size);
 

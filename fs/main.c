@@ -916,6 +916,7 @@ out_signals:
 out_session:
         fuse_session_destroy(fs.se);
         kfs_refresh_stop(&fs); /* its child's last request ended with the connection */
+        kfs_ring_free(&fs); /* so did its nudges' */
 out_idx:
         /* Clean only after serving: a failed start leaves the flag as kidx_open found it. */
         kidx_close(fs.idx, ret == 0);

@@ -715,14 +715,25 @@ void kfs_ring_stop(struct kfs *fs)
                         close(t->efd);
                 pthread_mutex_destroy(&t->lock);
         }
-        /* Nudges still running end at once: the mount is gone, their statfs reaches the directory below.
-         * One that does not within 5 s keeps the ring: it is left allocated rather than freed under it. */
+}
+
+static struct kfs_ring *ring_kept; /* a ring whose nudges did not end: reachable, so not a leak */
+
+void kfs_ring_free(struct kfs *fs)
+{
+        struct kfs_ring *r = fs->ring;
+        if (!r)
+                return;
+        /* The connection is gone (fuse_session_destroy): a nudge's helper still waiting for its statfs has
+         * its answer now, an error, and its thread ends. One that does not within 5 s keeps the ring,
+         * allocated and reachable, rather than have it freed under it. */
         pthread_mutex_lock(&r->nudge_lock);
         unsigned left = nudges_join_locked(r, true, &(struct timespec){ time(NULL) + 5, 0 });
         pthread_mutex_unlock(&r->nudge_lock);
+        fs->ring = NULL;
         if (left) {
                 kfs_log(LOG_WARNING, "%u nudge(s) of the io_uring queues did not end; their memory is kept", left);
-                fs->ring = NULL;
+                ring_kept = r;
                 return;
         }
         for (struct ring_ent *e = atomic_load(&r->ents), *next; e; e = next) {
@@ -735,7 +746,6 @@ void kfs_ring_stop(struct kfs *fs)
         pthread_cond_destroy(&r->cond);
         free(r->t);
         free(r);
-        fs->ring = NULL;
 }
 
 const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)

@@ -94,7 +94,7 @@ struct seen_set {
 };
 
 /* FUSE inodes whose cached attributes (and, for directories, listings) must be dropped once our locks
- * are released. */
+ * are released; an evicted file's, under them where a runtime's lock is let go first (kev_notify_gone). */
 struct notify_list {
         /* gone: evicted or pruned (kprune.c); told: its attributes already dropped (kev_notify_gone) */
         struct { fuse_ino_t ino; bool dir, gone, told; } *items;

@@ -52,8 +52,11 @@ void kev_notify_all(struct kfs *fs, struct notify_list *nl)
         nl->n = 0;
 }
 
-/* An evicted file's attributes only (offset -1): the kernel takes no lock for it, so it is safe under
- * any lock of ours and from a handler (TELLING THE KERNEL). */
+/* An evicted file's attributes only (offset -1), safe under any lock of ours and from a handler: the
+ * kernel looks the inode up (which may wait for one being set up or freed), bumps its attribute version
+ * and drops its attributes, and a last iput of a closed inode only queues a FORGET. None of that waits
+ * for a reply of the daemon's while the mount has no writeback cache (ops.c turns it off); with one,
+ * freeing an inode waits for its WRITE replies. */
 void kev_notify_gone(struct kfs *fs, struct notify_list *nl, size_t from)
 {
         for (size_t i = from; i < nl->n; i++)
@@ -128,15 +131,18 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
  * process that holds the lock: it is inside its own store, and no JAX read of another process is in
  * between (kev_writer). Measurements that make room outside a request (at release, after writeback: a
  * JAX process may be in the middle of a read then) take the lock like the descent. Returns the locked
- * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it. */
+ * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it or the daemon is short of
+ * descriptors or memory to tell. */
 static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u, bool in_line)
 {
         if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
                 return -1;
         int dfd = dc->fd[kev_dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
-        int fd = dfd < 0 ? -1 : ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
+        int fd = dfd < 0 ? -ENOENT : ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
+        if (fd == -EMFILE || fd == -ENFILE || fd == -ENOMEM)
+                return -EWOULDBLOCK; /* whether a JAX process holds it is not known: the unit stays */
         if (fd < 0)
-                return -1;
+                return -1; /* none, or none a get could hold (a FIFO, a symlink: test_security_review.py) */
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                 return fd;
         struct stat st;
