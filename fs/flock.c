@@ -23,9 +23,11 @@
  * LET GO AT RELEASE. A lock held through a backing fd belongs to its open file description, which close()
  * frees only with its last reference, and the daemon's close need not be the last: a helper being spawned
  * (spawn.c) holds a copy of the daemon's descriptor table, every backing fd in it, until the spawn closes
- * them. So at RELEASE a lock the handle holds is let go (LOCK_UN, what the kernel's
- * FUSE_RELEASE_FLOCK_UNLOCK asks for) before its fd is closed: test_fs_posix.py's flock test failed 2 runs
- * in 40 while nudges spawned a helper each and RELEASE only closed. */
+ * them; and the kernel holds one of its own while the fd is passthrough's registered backing file
+ * (passthrough.c), until the inode is forgotten. So at RELEASE a lock the handle holds is let go (LOCK_UN)
+ * before its fd is closed, where the daemon recorded one or the kernel says flock() was used on the
+ * handle (FUSE_RELEASE_FLOCK_UNLOCK): test_fs_posix.py's flock test failed 2 runs in 40 while nudges
+ * spawned a helper each and RELEASE only closed. */
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -167,6 +169,8 @@ static bool gone_holder_locked(struct kfs *fs, uint64_t bino)
 /* flock.lock held. Records (or re-records) fd as holding a lock; dropped on LOCK_UN and RELEASE. */
 static void holder_set_locked(struct kfs *fs, int fd, uint64_t bino, pid_t tid)
 {
+        if (atomic_load(&fs->flock.stop))
+                return; /* kfs_flock_stop freed the records; RELEASE lets the lock go all the same */
         struct kfs_flock_holder *h = fs->flock.holders;
         while (h && h->fd != fd)
                 h = h->next;
@@ -197,9 +201,11 @@ static bool holder_drop_locked(struct kfs *fs, int fd)
         return false;
 }
 
-void kfs_flock_close(struct kfs *fs, int fd)
+void kfs_flock_close(struct kfs *fs, int fd, bool flocked)
 {
         if (atomic_load(&fs->flock.nholders) == 0) {
+                if (flocked)
+                        (void)flock(fd, LOCK_UN); /* (LET GO AT RELEASE) */
                 close(fd);
                 return;
         }
@@ -207,7 +213,7 @@ void kfs_flock_close(struct kfs *fs, int fd)
          * unlisted would otherwise answer EWOULDBLOCK for a lock that is already free. */
         pthread_mutex_lock(&fs->flock.lock);
         bool held = holder_drop_locked(fs, fd);
-        if (held)
+        if (held || flocked)
                 (void)flock(fd, LOCK_UN); /* (LET GO AT RELEASE) */
         close(fd);
         if (held)
@@ -237,7 +243,9 @@ static int take_waiting(struct kfs *fs, const struct kfs_flock_wait *w)
                 holder_set_locked(fs, w->fd, w->bino, w->tid);
                 pthread_mutex_unlock(&fs->flock.lock);
         }
-        return e;
+        /* Ended by the stop: not EINTR, which the kernel turns into a restart of the flock() (fuse_setlk),
+         * and with no signal pending the caller would see errno 512 */
+        return e == EINTR ? ENOLCK : e;
 }
 
 static void *flock_waiter(void *arg)
@@ -266,8 +274,8 @@ static void *flock_waiter(void *arg)
 }
 
 /* flock.lock held. Joins the waits that are done (each a moment from its end), or every one. A thread
- * is never detached: none may still be exiting as the daemon exits (LeakSanitizer's tracer faults on
- * such a thread). */
+ * is never detached: none may still be exiting as the daemon exits (such a thread is a known cause of
+ * LeakSanitizer's tracer faulting). */
 static void waits_join_locked(struct kfs *fs, bool all)
 {
         for (struct kfs_flock_wait **p = &fs->flock.list, *w; (w = *p);) {
@@ -329,7 +337,7 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
         if (defer(fs, &w))
                 return;
         if (!gone && atomic_load(&fs->flock.stop)) { /* stopping: a wait begun now would never be woken */
-                fuse_reply_err(req, EINTR);
+                fuse_reply_err(req, ENOLCK);
                 return;
         }
         /* No thread to spare: wait here (a LOCK_NB only tries once more). */

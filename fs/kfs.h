@@ -546,8 +546,9 @@ bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 bool kfs_flock_holds_any(struct kfs *fs, pid_t pid);
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
-/* Closes a handle's backing fd at RELEASE, and forgets the lock it held. */
-void kfs_flock_close(struct kfs *fs, int fd);
+/* Closes a handle's backing fd at RELEASE, letting go of its lock first where it held one (flocked: the
+ * kernel's FUSE_RELEASE_FLOCK_UNLOCK), and forgets it. */
+void kfs_flock_close(struct kfs *fs, int fd, bool flocked);
 
 /* kprune.c */
 /* At INIT: whether the kernel (its FUSE protocol's minor version) can prune. */
@@ -585,7 +586,8 @@ void kfs_ring_start(struct kfs *fs, uint32_t max_write);
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);
 /* Stops the ring threads (after the session loop). */
 void kfs_ring_stop(struct kfs *fs);
-/* Joins the nudges and frees the ring (after fuse_session_destroy: a nudge's request ends with it). */
+/* Joins the nudges and frees the ring (once the session's /dev/fuse is closed: a nudge's request ends
+ * with the connection). */
 void kfs_ring_free(struct kfs *fs);
 /* "io_uring (N queues)", or "/dev/fuse" with why. */
 const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size);

@@ -63,7 +63,11 @@ void kfs_kprune_later(struct kfs *fs, uint64_t id)
         if (!atomic_load(&fs->kprune.on))
                 return;
         pthread_mutex_lock(&fs->kprune.lock);
-        if (!fs->kprune.started && !fs->kprune.stop)
+        if (fs->kprune.stop) { /* a RELEASE served after kfs_kprune_stop: the kernel reclaims it itself */
+                pthread_mutex_unlock(&fs->kprune.lock);
+                return;
+        }
+        if (!fs->kprune.started)
                 fs->kprune.started = pthread_create(&fs->kprune.thread, NULL, later_main, fs) == 0;
         if (fs->kprune.n == fs->kprune.cap) {
                 size_t cap = fs->kprune.cap ? fs->kprune.cap * 2 : 64;
@@ -89,10 +93,12 @@ void kfs_kprune_stop(struct kfs *fs)
         pthread_mutex_unlock(&fs->kprune.lock);
         if (started)
                 pthread_join(fs->kprune.thread, NULL);
+        pthread_mutex_lock(&fs->kprune.lock); /* the rings serve RELEASEs until kfs_ring_stop */
         fs->kprune.started = false;
         free(fs->kprune.later);
         fs->kprune.later = NULL;
         fs->kprune.n = fs->kprune.cap = 0;
+        pthread_mutex_unlock(&fs->kprune.lock);
 }
 
 void kfs_kprune_init(struct kfs *fs, unsigned kernel_minor)

@@ -469,7 +469,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 if (fd >= 0 && is_writer(fi->flags))
                         kfs_remote_note_fd(fs, fd);
                 if (fd >= 0)
-                        kfs_flock_close(fs, fd);
+                        kfs_flock_close(fs, fd, fi->flock_release);
                 free(h);
         } else {
                 if (pt && is_writer(fi->flags)) {
@@ -480,7 +480,7 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
                 }
                 if (is_writer(fi->flags))
                         kfs_remote_note_fd(fs, (int)(uint32_t)fi->fh); /* its unit may be whole now */
-                kfs_flock_close(fs, (int)(uint32_t)fi->fh);
+                kfs_flock_close(fs, (int)(uint32_t)fi->fh, fi->flock_release);
         }
         kfs_pt_release(fs, in, pt);
         bool evicted = count_open(fs, in, is_writer(fi->flags), -1);

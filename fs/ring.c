@@ -313,12 +313,12 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
 
 #define NUDGES_MAX 256
 
-/* A nudge's thread is joined, never detached: by the next nudge() once it is done, or at ring stop, so
- * that none outlives the ring (a detached one still exiting as the daemon exits is what LeakSanitizer's
- * tracer faults on), and none reads fs->ring after it was freed. */
+/* A nudge's thread is joined, never detached: by the next nudge() once it is done, or by kfs_ring_free,
+ * so that none outlives the ring (a detached thread still exiting as the daemon exits is a known cause
+ * of LeakSanitizer's tracer faulting), and none reads a ring that was freed. */
 struct nudge {
         struct kfs *fs;
-        struct kfs_ring *r;       /* kept, not freed, while a nudge runs (kfs_ring_stop) */
+        struct kfs_ring *r;       /* kept, not freed, while a nudge runs (kfs_ring_free) */
         unsigned qid;
         pthread_t th;
         _Atomic bool done;
@@ -724,8 +724,8 @@ void kfs_ring_free(struct kfs *fs)
         struct kfs_ring *r = fs->ring;
         if (!r)
                 return;
-        /* The connection is gone (fuse_session_destroy): a nudge's helper still waiting for its statfs has
-         * its answer now, an error, and its thread ends. One that does not within 5 s keeps the ring,
+        /* The connection is gone (the session's /dev/fuse is closed): a nudge's helper still waiting for its
+         * statfs has its answer now, an error, and its thread ends. One that does not within 5 s keeps the ring,
          * allocated and reachable, rather than have it freed under it. */
         pthread_mutex_lock(&r->nudge_lock);
         unsigned left = nudges_join_locked(r, true, &(struct timespec){ time(NULL) + 5, 0 });

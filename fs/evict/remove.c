@@ -131,18 +131,19 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
  * process that holds the lock: it is inside its own store, and no JAX read of another process is in
  * between (kev_writer). Measurements that make room outside a request (at release, after writeback: a
  * JAX process may be in the middle of a read then) take the lock like the descent. Returns the locked
- * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it or the daemon is short of
- * descriptors or memory to tell. */
+ * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it or it cannot be told. */
 static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u, bool in_line)
 {
         if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
                 return -1;
         int dfd = dc->fd[kev_dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
-        int fd = dfd < 0 ? -ENOENT : ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
-        if (fd == -EMFILE || fd == -ENFILE || fd == -ENOMEM)
-                return -EWOULDBLOCK; /* whether a JAX process holds it is not known: the unit stays */
-        if (fd < 0)
+        if (dfd < 0)
+                return -1; /* the unit's directory cannot be opened: nothing of it is removed either */
+        int fd = ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
+        if (fd == -ENOENT || fd == -ENXIO || fd == -ELOOP)
                 return -1; /* none, or none a get could hold (a FIFO, a symlink: test_security_review.py) */
+        if (fd < 0)
+                return -EWOULDBLOCK; /* whether a JAX process holds it is not known: the unit stays */
         if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                 return fd;
         struct stat st;

@@ -167,6 +167,32 @@ def _keep_writing(path):
         os.pwrite(fd, b"z" * (1 << 20), 0)
 
 
+@pytest.mark.parametrize("how", ["passthrough", "nopassthrough"])
+def test_a_lock_left_at_close_is_free_once_the_release_came(kfs, how):
+    # flock(2) then close(2) without LOCK_UN: the lock goes with the last close. The daemon must let go of
+    # it at RELEASE even where its backing fd has another reference: passthrough's registered backing file
+    # (the kernel keeps it until the inode is forgotten), a helper being spawned (fs/flock.c, LET GO AT
+    # RELEASE).
+    m = kfs({"nopassthrough": how == "nopassthrough"})
+    path = m.path("held")
+    write(path, b"x")
+    for i in range(5):
+        fd = os.open(path, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.close(fd)  # its RELEASE follows, in the background
+
+        def free():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+            finally:
+                os.close(fd)  # ours goes with it, at its RELEASE
+        wait_for(free, timeout=5, what=f"the lock left at close (round {i}) to be free")
+
+
 @pytest.mark.parametrize("transport", ["uring", "nouring"])
 def test_flock_is_free_once_its_holder_exited(kfs, transport):
     # Through FUSE a holder's last close only queues a RELEASE; a process that saw the holder exit must
