@@ -41,7 +41,8 @@
  * PINNED. The settler's descriptor is a reference to the file: were the file evicted meanwhile, its blocks
  * would stay on the disk while the index counts them freed and hands them to writers. The backing
  * filesystem then held a whole file more than max_size plus the reaper's bound (test_fs_eviction.py's
- * bound test, 1 run in 24 under ASan: a 1 MiB file, held by an O_RDONLY fd, the settler's, and eviction's
+ * bound test under ASan; a copy of it that listed the daemon's descriptors of deleted files caught it in
+ * 2 runs of 19: a 1 MiB and a 5.2 MiB file, each held by an O_RDONLY fd, the settler's, and eviction's
  * O_PATH). So from before its open until after its close the file counts as open for eviction
  * (in->settling, under itable_lock, as eviction's check is).
  *
