@@ -372,8 +372,8 @@ static int parse_bool(const char *v, size_t size, bool *ret)
 /* kcache zero: every counter of the statistics (opens, bytes_read, evicted_*, rebuilds, helped_writes,
  * blocked_writes, background_evictions, refetch*, suggested_max_bytes, refused_*, passthrough_opens,
  * ring_requests, requests, refreshed, refresh_dropped, fd_reopens, pruned_names, remote_*) back to 0. Not
- * the gauges (max, used and free bytes, files, the index's size, descriptors, inodes) nor anything eviction reads (the index's totals and seq,
- * misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
+ * the gauges (max, used and free bytes, files, the index's size, descriptors, inodes) nor anything
+ * eviction reads (the index's totals and seq, misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
  * operation in flight may be counted on either side of the zero. */
 static int zero_counters(struct kfs *fs)
 {

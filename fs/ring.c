@@ -42,10 +42,11 @@
  * answered: `ls` of the mount hung. So whenever a thread registered new entries for replies held back, it
  * also starts a nudge: a short thread that has one request made (a statfs of the mount, by a helper
  * process of its own, spawn.c) on that queue's CPU, after the new entries are in. An entry answers it,
- * and that commit takes the next queued request, whose answer takes the next. A nudge is a thread of its own, not a turn of one nudger, since
- * a nudge can itself be queued in such a moment (a request of the burst took the new entry first); it
- * is then answered with the rest, and the deferral that took the entry starts a nudge of its own, so
- * the last event of any burst is a nudge that finds an entry waiting. At most NUDGES_MAX run at once.
+ * and that commit takes the next queued request, whose answer takes the next. A nudge is a thread of its
+ * own, not a turn of one nudger, since a nudge can itself be queued in such a moment (a request of the
+ * burst took the new entry first); it is then answered with the rest, and the deferral that took the
+ * entry starts a nudge of its own, so the last event of any burst is a nudge that finds an entry
+ * waiting. At most NUDGES_MAX run at once.
  *
  * A LOCK AFTER ITS HOLDER EXITED. With the rings, a holder's RELEASE (queued at its last close) waits in
  * its CPU's queue while a LOCK_NB from another CPU may be served first; flock.c waits for it. Until that
@@ -724,9 +725,9 @@ void kfs_ring_free(struct kfs *fs)
         struct kfs_ring *r = fs->ring;
         if (!r)
                 return;
-        /* The connection is gone (the session's /dev/fuse is closed): a nudge's helper still waiting for its
-         * statfs has its answer now, an error, and its thread ends. One that does not within 5 s keeps the ring,
-         * allocated and reachable, rather than have it freed under it. */
+        /* The connection is gone (the session's /dev/fuse is closed): a nudge's helper still waiting for
+         * its statfs has its answer now, an error, and its thread ends. One that does not within 5 s keeps
+         * the ring, allocated and reachable, rather than have it freed under it. */
         pthread_mutex_lock(&r->nudge_lock);
         unsigned left = nudges_join_locked(r, true, &(struct timespec){ time(NULL) + 5, 0 });
         pthread_mutex_unlock(&r->nudge_lock);
