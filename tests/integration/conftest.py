@@ -4,6 +4,7 @@ Every mount is waited for against a deadline and always unmounted (fusermount3 -
 test fails. Backing directories live on a tmpfs mounted noatime, as the issue asks, so that an exact
 st_atime can only come from kcachefs's own access log.
 """
+import contextlib
 import os
 import pwd
 import shutil
@@ -176,7 +177,10 @@ def pid_alive(pid):
 
 
 def backing_bytes(backing):
-    """The bytes the regular files of a backing directory hold: each inode once, however many links."""
+    """The bytes the regular files of a backing directory hold: each inode once, however many links.
+    A walk is no snapshot: while files are written it may count one that eviction removed after it was
+    counted and the one written in its place, two files that were never there together. Under load, walk
+    with the writers held back (WriteGate)."""
     seen = {}
     for dp, dns, fns in os.walk(backing):
         if dp == backing:
@@ -189,6 +193,47 @@ def backing_bytes(backing):
             if not stat.S_ISLNK(st.st_mode):
                 seen[st.st_ino] = st.st_blocks * 512
     return sum(seen.values())
+
+
+class WriteGate:
+    """Writers pass it together, a sampler alone (a readers-writer lock), for threads or forked processes.
+    With the writers held between two of their writes, the tree only shrinks (eviction, the reaper) while
+    the sampler walks it, so the walk's sum is at most what the tree held when the walk began: an exact
+    upper bound, where a walk racing the writers can count a file and its replacement both (backing_bytes).
+    """
+
+    def __init__(self, ctx=None):
+        import multiprocessing
+        ctx = ctx or multiprocessing.get_context("fork")
+        self.cond = ctx.Condition()
+        self.active = ctx.RawValue("i", 0)  # writers inside
+        self.held = ctx.RawValue("i", 0)  # a sampler holds the gate
+
+    @contextlib.contextmanager
+    def writing(self):
+        with self.cond:
+            while self.held.value:
+                self.cond.wait()
+            self.active.value += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.active.value -= 1
+                self.cond.notify_all()
+
+    @contextlib.contextmanager
+    def quiet(self):
+        with self.cond:
+            self.held.value = 1
+            while self.active.value:
+                self.cond.wait()
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.held.value = 0
+                self.cond.notify_all()
 
 
 def backing_files(backing):
