@@ -3,7 +3,7 @@
 # mount over an ext4 loop image, bench/kbench's tree in it, and for each operation named, `perf record -g`
 # of the daemon while kbench runs it, then `perf report` (children and self, by symbol) into
 # $OUT/profile-OP.txt, with the daemon's request counters before and after.
-#   bash tests/gpu/run-profile-host.sh CARRY_DIR [OP...]    (OP: cold, hit, parread8, parread32, publish;
+#   bash tests/gpu/run-profile-host.sh CARRY_DIR [OP...]    (OP: cold, lookup, hit, parread8, parread32, publish;
 #                                                           default: all)
 # CARRY_DIR from `KC_CARRY_PERF=1 scripts/gpu-carry` (Debian's perf and its libraries in CARRY_DIR/perf).
 set -eu
@@ -16,6 +16,10 @@ export PATH="$C/fuse/bin:$PATH"
 chmod u+s "$C/fuse/bin/fusermount3" 2>/dev/null || true
 PERF="$C/perf/bin/perf"
 kb() { LD_LIBRARY_PATH="$C/lib" "$C/bin/kbench" "$@"; }
+requests() { # the daemon's request counters (that machine has no getfattr)
+  python3 -c "import os,sys; print(os.getxattr(sys.argv[1], 'user.kcachefs.requests').decode().replace(chr(10), ' '))" \
+    "$W/disk/mnt" 2>/dev/null || true
+}
 cleanup() {
   fusermount3 -u -z "$W/disk/mnt" 2>/dev/null || umount -l "$W/disk/mnt" 2>/dev/null || true
   umount "$W/disk" 2>/dev/null || umount -l "$W/disk" 2>/dev/null || true
@@ -39,20 +43,21 @@ kb read "$T" >/dev/null
 for op in $OPS; do
   case $op in
     cold) sync; echo 3 >/proc/sys/vm/drop_caches; run=(read "$T") ;;
+    lookup) sync; echo 2 >/proc/sys/vm/drop_caches; run=(stat "$T") ;; # LOOKUPs, the disk's blocks cached
     hit) run=(hit "$T") ;;
     parread8) run=(parread "$T" 8) ;;
     parread32) run=(parread "$T" 32) ;;
     publish) run=(publish "$W/disk/mnt" "prof$RANDOM" 2000) ;;
     *) echo "unknown operation $op" >&2; exit 2 ;;
   esac
-  before=$(getfattr --only-values -n user.kcachefs.requests "$W/disk/mnt" 2>/dev/null || true)
+  before=$(requests)
   LD_LIBRARY_PATH="$C/perf/lib" "$PERF" record -F 4999 -g -p "$pid" -o "$W/perf-$op.data" >/dev/null 2>&1 &
   rec=$!
   sleep 1
   secs=$(kb "${run[@]}")
   kill -INT $rec
   wait $rec || true
-  after=$(getfattr --only-values -n user.kcachefs.requests "$W/disk/mnt" 2>/dev/null || true)
+  after=$(requests)
   {
     echo "# $op: kbench ${run[*]}: $secs s"
     echo "requests before: $before"
