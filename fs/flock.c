@@ -201,6 +201,12 @@ static bool holder_drop_locked(struct kfs *fs, int fd)
         return false;
 }
 
+void kfs_flock_let_go(int fd)
+{
+        (void)flock(fd, LOCK_UN);
+        close(fd);
+}
+
 void kfs_flock_close(struct kfs *fs, int fd, bool flocked)
 {
         if (atomic_load(&fs->flock.nholders) == 0) {

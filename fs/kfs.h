@@ -544,6 +544,9 @@ uint64_t kfs_proc_start(pid_t pid);
 bool kfs_flock_held_by(struct kfs *fs, uint64_t bino, pid_t pid);
 /* Whether a thread of process pid holds a flock on anything through us. */
 bool kfs_flock_holds_any(struct kfs *fs, pid_t pid);
+/* Lets go of a flock the daemon took on fd (LOCK_UN), then closes it: a close alone leaves the lock with
+ * every copy of the descriptor, and a helper being spawned holds a copy of them all (spawn.c). */
+void kfs_flock_let_go(int fd);
 /* Interrupts and waits out the flock() waiters (before the session goes). */
 void kfs_flock_stop(struct kfs *fs);
 /* Closes a handle's backing fd at RELEASE, letting go of its lock first where it held one (flocked: the

@@ -138,7 +138,7 @@ static bool remove_stale_lock(struct kfs *fs, struct kfs_inode *dir, const char 
                         (int)in->creator);
         }
         if (fd >= 0)
-                close(fd); /* and with it our flock */
+                kfs_flock_let_go(fd); /* and our flock, if taken */
         kfs_inode_fd_put(fs, dir, dfd);
         return gone;
 }

@@ -222,8 +222,8 @@ struct kev_unit {
         char *repair;             /* NEO: dir of config.file; SYCL: dir of cache_size.txt; or NULL */
         bool dir_unit;            /* the entry is a whole directory (PoCL program, CUDA cache) */
         enum krt forced;          /* the runtime layout= or kcache env's mark gives its path, or KRT_AUTO */
-        bool busy;                /* the runtime holds it now (SYCL <n>.lock, Triton store in flight) */
-        char *lock_dir;           /* PyOpenCL: the cache whose one lock guards every unit in it (kev_busy) */
+        bool busy;                /* the runtime holds it now (SYCL <n>.lock, JAX .lockfile, a Triton store) */
+        char *lock_dir;           /* PyOpenCL, JAX: the cache whose one lock guards every unit in it (kev_busy) */
 };
 int kev_unit_resolve(struct kfs *fs, const char *path, struct kev_unit *u);
 void kev_unit_free(struct kev_unit *u);

@@ -245,6 +245,9 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
 /* Removes one unit of vs, all of it or none. Returns the bytes freed. */
 uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u,
                         struct notify_list *nl, bool in_line);
+/* Whether JAX's .lockfile in the directory dfd is held by a process this eviction may not remove under
+ * (or cannot be told): taken without waiting and let go at once. */
+bool kev_jax_lock_probe(struct kfs *fs, int dfd);
 /* Removes dir/name, bookkeeping the daemon repairs, if the name still is fd's file. */
 void kev_remove_noted(struct kfs *fs, int dirfd, const char *name, int fd, struct notify_list *nl);
 

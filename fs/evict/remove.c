@@ -130,8 +130,51 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
  * whose lock is held stays for now; except for an eviction inside a write (or truncate, or open) of the
  * process that holds the lock: it is inside its own store, and no JAX read of another process is in
  * between (kev_writer). Measurements that make room outside a request (at release, after writeback: a
- * JAX process may be in the middle of a read then) take the lock like the descent. Returns the locked
- * fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds it or it cannot be told. */
+ * JAX process may be in the middle of a read then) take the lock like the descent.
+ *   The choice asks first (units.c, jax_unit: kev_jax_lock_probe), so that a held lock makes the walk
+ * pass over the cache's units to newer ones (choose.c, ONE VERDICT PER LOCK); asked only here, a user
+ * who held a lock over old entries had every eviction choose them, free nothing and give up: ENOSPC for
+ * every user of the mount (test_security_review.py). Here it is asked again, as the lock may have been
+ * taken since.
+ *
+ * Opens dfd's .lockfile to take it: its fd, -1 if there is none a get could hold (a FIFO, a symlink:
+ * test_security_review.py), -EWOULDBLOCK if that cannot be told (the unit stays). */
+static int jax_lock_open(struct kfs *fs, int dfd)
+{
+        int fd = ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
+        if (fd == -ENOENT || fd == -ENXIO || fd == -ELOOP)
+                return -1;
+        return fd < 0 ? -EWOULDBLOCK : fd;
+}
+
+/* Takes the lock at fd without waiting: 0 (taken), 1 (the writer this eviction is inside holds it, in_line
+ * only: no lock needed), or -EWOULDBLOCK (another holds it). */
+static int jax_lock_take(struct kfs *fs, int fd, bool in_line)
+{
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+                return 0;
+        struct stat st;
+        return in_line && kev_writer && fstat(fd, &st) == 0 && kfs_flock_held_by(fs, st.st_ino, kev_writer) ? 1
+                                                                                                   : -EWOULDBLOCK;
+}
+
+bool kev_jax_lock_probe(struct kfs *fs, int dfd)
+{
+        int fd = jax_lock_open(fs, dfd);
+        if (fd == -1)
+                return false;
+        if (fd < 0)
+                return true;
+        int r = jax_lock_take(fs, fd, kev_writer != 0);
+        if (r == 0)
+                kfs_flock_let_go(fd);
+        else
+                close(fd);
+        return r < 0;
+}
+
+/* The lock of unit u, taken: its fd, -1 if there is no lock to take, -EWOULDBLOCK if another process holds
+ * it or it cannot be told. */
 static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs, struct vunit *u, bool in_line)
 {
         if (u->rt != KRT_JAX || !u->count || !vs->v[u->first].nnames || !vs->v[u->first].names[0].path)
@@ -139,17 +182,14 @@ static int runtime_lock(struct kfs *fs, struct dircache *dc, struct victims *vs,
         int dfd = dc->fd[kev_dircache_get(fs, dc, vs->v[u->first].names[0].dir)];
         if (dfd < 0)
                 return -1; /* the unit's directory cannot be opened: nothing of it is removed either */
-        int fd = ktree_open_file(&fs->tree, dfd, KFS_JAX_LOCK, O_RDONLY, 0);
-        if (fd == -ENOENT || fd == -ENXIO || fd == -ELOOP)
-                return -1; /* none, or none a get could hold (a FIFO, a symlink: test_security_review.py) */
+        int fd = jax_lock_open(fs, dfd);
         if (fd < 0)
-                return -EWOULDBLOCK; /* whether a JAX process holds it is not known: the unit stays */
-        if (flock(fd, LOCK_EX | LOCK_NB) == 0)
                 return fd;
-        struct stat st;
-        bool writer_holds = in_line && kev_writer && fstat(fd, &st) == 0 && kfs_flock_held_by(fs, st.st_ino, kev_writer);
+        int r = jax_lock_take(fs, fd, in_line);
+        if (r == 0)
+                return fd;
         close(fd);
-        return writer_holds ? -1 : -EWOULDBLOCK;
+        return r > 0 ? -1 : -EWOULDBLOCK;
 }
 
 /* Removes one unit: all its files in order, or none if any of them was opened since it was chosen.
@@ -170,7 +210,7 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                 for (size_t k = 0; k < u->count; k++)
                         kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
                 if (lock >= 0)
-                        close(lock);
+                        kfs_flock_let_go(lock);
                 return 0;
         }
         /* Directories resolved outside itable_lock (index queries, path walks); each name holds its own
@@ -192,7 +232,7 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                 for (size_t k = 0; k < u->count; k++)
                         kidx_evict_cancel(fs->idx, vs->v[u->first + k].ino);
                 if (lock >= 0)
-                        close(lock);
+                        kfs_flock_let_go(lock);
                 return 0;
         }
         /* Victims are the least recently used files, so their names and inodes are the ones least likely
@@ -223,7 +263,7 @@ uint64_t kev_evict_unit(struct kfs *fs, struct dircache *dc, struct victims *vs,
                  * -cache whose attributes it held (refresh.c refreshes a read file's) would still stat
                  * as there, from its cache, beside its -atime, which asks and is gone. */
                 kev_notify_gone(fs, nl, nl_from);
-                close(lock); /* releases the runtime's lock */
+                kfs_flock_let_go(lock); /* the runtime's lock */
         }
         for (size_t j = 0; j < total; j++)
                 if (fds[j] >= 0)

@@ -111,7 +111,7 @@ static bool repair(struct kfs *fs, enum krt rt, const struct kev_dirref *dir, st
                                 neo_rewrite(fs, dfd, fd, nl);
                         else
                                 done = false;
-                        close(fd); /* releases the lock */
+                        kfs_flock_let_go(fd);
                 }
         } else if (rt == KRT_SYCL) {
                 int lk = ktree_open(&fs->tree, dfd, KFS_SYCL_SIZE_LOCK, O_WRONLY | O_CREAT | O_EXCL, 0200);
@@ -229,7 +229,7 @@ static void *repairer_main(void *arg)
                 pthread_mutex_unlock(&fs->ev->evict_lock);
                 kev_notify_all(fs, &nl);
                 if (fd >= 0)
-                        close(fd); /* releases the flock */
+                        kfs_flock_let_go(fd);
                 if (dfd >= 0)
                         close(dfd);
                 free(dir.rel);

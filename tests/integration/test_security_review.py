@@ -85,6 +85,44 @@ def test_a_fifo_where_a_runtime_keeps_a_lock_never_stops_eviction(shared, layout
         unblock_fifo(os.path.join(m.backing, "b-" + layout, os.path.basename(fifo)))
 
 
+def test_a_jax_lock_held_over_old_entries_never_stops_eviction_for_others(shared):
+    """B stores JAX-like entries (k-cache and k-atime beside a .lockfile), then holds the .lockfile's flock
+    for as long as B likes. Eviction never removes an entry under a held lock, but it found the lock held
+    only when removing: it chose B's entries, the oldest, freed nothing, chose them again, and gave up, so
+    every write of every user that needed room failed with ENOSPC, and the background descent stopped at
+    them. A's writes, which need eviction, must go on by evicting around B's entries, which all stay."""
+    m, alice, bob = shared()
+    d = m.path("b-jax")
+    store = ("import os, sys\n"
+             "os.mkdir(sys.argv[1])\n"
+             "for i in range(5):\n"
+             "    open(os.path.join(sys.argv[1], f'k{i}-cache'), 'wb').write(os.urandom(1 << 20))\n"
+             "    open(os.path.join(sys.argv[1], f'k{i}-atime'), 'wb').write(b'1')\n"
+             "open(os.path.join(sys.argv[1], '.lockfile'), 'wb').close()")
+    subprocess.run(["runuser", "-u", bob.pw_name, "--", "/usr/bin/python3", "-c", store, d], check=True, timeout=60)
+    hold = ("import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDWR)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "sys.stdin.read()")
+    holder = subprocess.Popen(["runuser", "-u", bob.pw_name, "--", "/usr/bin/python3", "-c", hold,
+                               os.path.join(d, ".lockfile")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        # 16 MiB through an 8 MiB cache that B's 5 MiB, the oldest, fill most of.
+        assert write_as(alice, m.path("a"), 16, timeout=60) == 0, "A's writes fail behind B's held lock"
+        assert int(os.getxattr(m.mnt, "user.kcachefs.used_bytes")) <= 8 << 20
+        backing = os.path.join(m.backing, "b-jax")
+        assert all(os.path.exists(os.path.join(backing, f"k{i}-{s}")) for i in range(5) for s in ("cache", "atime")), \
+            "an entry was removed under its held lock"
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    # Let go, B's entries are the oldest and go first again.
+    assert write_as(alice, m.path("a2"), 8, timeout=60) == 0
+    assert not os.path.exists(os.path.join(m.backing, "b-jax", "k0-cache"))
+
+
 @pytest.mark.xfail(strict=True, reason="names cost nothing against the limit: not fixed yet (see the report)")
 def test_names_that_cost_no_bytes_never_fill_the_backing_for_everyone(shared):
     """The limit counts regular files' bytes; B's empty files (and directories, symlinks, FIFOs) count
