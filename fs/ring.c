@@ -108,6 +108,8 @@ struct ring_thread {
         unsigned sq_entries;
         bool ok;                  /* set up, its entry's registration submitted */
         bool nudge;               /* owner: registered entries for replies held back in this batch */
+        unsigned nents;           /* owner: its entries in use (registered, not refused) */
+        unsigned held;            /* owner: its entries out of the kernel for a reply sent later */
         pthread_mutex_t lock;
         struct ring_ent *handoff; /* replies from other threads; lock */
 };
@@ -124,6 +126,7 @@ struct kfs_ring {
         struct ring_thread probe; /* made before INIT's reply, by the thread that sends it */
         struct ring_thread *t;    /* nt */
         struct ring_ent *_Atomic ents; /* list through ->all */
+        _Atomic unsigned nents;   /* entries in use, all threads (kfs_ring_state) */
         _Atomic unsigned nudges;  /* nudge threads running (A QUEUE NEVER STALLS) */
         pthread_mutex_t nudge_lock; /* a leaf: the list of nudges started, not yet joined */
         struct nudge *nudge_list;
@@ -262,6 +265,8 @@ static struct ring_ent *ent_new(struct ring_thread *t)
         do
                 e->all = head;
         while (!atomic_compare_exchange_weak(&r->ents, &head, e));
+        t->nents++;
+        atomic_fetch_add(&r->nents, 1);
         return e;
 }
 
@@ -301,10 +306,16 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
                 return;
         }
         /* The reply comes later from another thread (a flock() that waits) and e stays out of the kernel
-         * until then; the kernel gives requests only to entries waiting for one, so without a new one
-         * this thread would take none meanwhile, and enough waiters would leave no entry at all, the
-         * request that ends their wait included. Entries are never given back: there are as many as the
-         * most replies ever outstanding at once. */
+         * until then; the kernel gives requests only to entries waiting for one, so without one this
+         * thread would take none meanwhile, and enough waiters would leave no entry at all, the request
+         * that ends their wait included. So where none of the thread's other entries waits in the kernel,
+         * a new one is registered. Entries are never given back, but one whose reply went (take_handoff)
+         * waits in the kernel again, and counts as such here: a thread has one more entry than the most
+         * replies it ever held back at once. (A new entry at every reply held back made them grow with
+         * every flock() that ever waited: 64 MiB of mappings and the kernel's entries for 64 waits, one
+         * after the other.) */
+        if (t->nents > ++t->held)
+                return;
         struct ring_ent *n = ent_new(t);
         if (n) {
                 sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
@@ -423,8 +434,10 @@ static void take_handoff(struct ring_thread *t)
         struct ring_ent *e = t->handoff;
         t->handoff = NULL;
         pthread_mutex_unlock(&t->lock);
-        for (; e; e = e->next)
+        for (; e; e = e->next) {
                 commit(t, e);
+                t->held--; /* waits in the kernel again (handle) */
+        }
 }
 
 /* A thread could not start, set up its ring or register its entry (said once): its queue may go
@@ -498,6 +511,8 @@ static void *ring_main(void *arg)
                                 kfs_log(LOG_ERR, "io_uring entry of queue %u: %s", t->qid,
                                         strerror(-c->res));
                                 atomic_store(&e->unique, 0);
+                                t->nents--;
+                                atomic_fetch_sub(&r->nents, 1);
                                 struct ring_ent *n = ent_new(t);
                                 if (n)
                                         sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
@@ -756,7 +771,8 @@ const char *kfs_ring_state(struct kfs *fs, char *buf, size_t size)
                         snprintf(buf, size, "/dev/fuse (io_uring did not start on every queue: %s)",
                                  strerror(atomic_load(&fs->ring->err) ? atomic_load(&fs->ring->err) : EIO));
                 else
-                        snprintf(buf, size, "io_uring (%u queues)", fs->ring->nq);
+                        snprintf(buf, size, "io_uring (%u queues, %u entries)", fs->ring->nq,
+                                 atomic_load(&fs->ring->nents));
                 return buf;
         }
         if (atomic_load(&fs->ring_err)) {

@@ -5,6 +5,7 @@ with requests in its rings leaves nothing hanging."""
 import contextlib
 import fcntl
 import os
+import re
 import subprocess
 import threading
 import time
@@ -12,6 +13,7 @@ import time
 import pytest
 
 from conftest import abort_test_mounts, kcachefs_bin, private_dir, wait_for
+from test_hot_path import requests
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
@@ -201,6 +203,44 @@ def test_a_burst_of_waits_that_takes_every_entry_stalls_no_queue(ringmount):
         if any(t.is_alive() for t in threads):
             abort_test_mounts()
             pytest.fail(f"round {rnd}: waiters still blocked 30 s after the unlock")
+
+
+def ring_entries(m):
+    """(queues, entries) as user.kcachefs.transport says them."""
+    t = transport(m)
+    mt = re.fullmatch(r"io_uring \((\d+) queues, (\d+) entries\)", t)
+    assert mt, t
+    return int(mt.group(1)), int(mt.group(2))
+
+
+def test_waits_one_after_another_add_no_entries(ringmount):
+    """A ring thread registers a new entry for a reply it holds back (a flock() that waits) only where none
+    of its entries waits in the kernel, and an entry whose reply went waits again (ring.c, handle): 40
+    waits, one after the other, leave each thread at most one entry more. A new entry for every wait made
+    the rings grow with every wait the mount ever served, a 1 MiB mapping and a kernel entry each."""
+    m = ringmount()
+    path = m.path("lockfile")
+    open(path, "w").close()
+    _, before = ring_entries(m)
+    waited = 0
+    for _ in range(40):
+        holder = open(path)
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        f = open(path)
+        t = threading.Thread(target=lambda: (fcntl.flock(f, fcntl.LOCK_EX), fcntl.flock(f, fcntl.LOCK_UN)))
+        setlkw = requests(m).get("SETLKW", 0)
+        t.start()
+        wait_for(lambda: requests(m).get("SETLKW", 0) > setlkw, what="the waiter's request")
+        time.sleep(0.02)  # taken and found held: its reply is held back
+        waited += t.is_alive()
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+        t.join(30)
+        assert not t.is_alive(), "the waiter was never answered"
+        f.close()
+    _, after = ring_entries(m)
+    assert waited >= 30, waited  # the replies were held back, as the test needs
+    assert after <= 2 * before, f"{before} entries before 40 waits, {after} after"
 
 
 def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringmount):
