@@ -300,9 +300,6 @@ static bool defer(struct kfs *fs, const struct kfs_flock_wait *tmpl)
 {
         kfs_wake_signal_init();
         struct kfs_flock_wait *w = malloc(sizeof(*w));
-        pthread_attr_t a;
-        pthread_attr_init(&a);
-        pthread_attr_setstacksize(&a, 256 * 1024);
         pthread_mutex_lock(&fs->flock.lock);
         waits_join_locked(fs, false);
         bool started = false;
@@ -310,12 +307,11 @@ static bool defer(struct kfs *fs, const struct kfs_flock_wait *tmpl)
                 *w = *tmpl;
                 w->done = false;
                 w->next = fs->flock.list;
-                started = pthread_create(&w->thread, &a, flock_waiter, w) == 0;
+                started = kfs_thread_start(&w->thread, 256 * 1024, flock_waiter, w) == 0;
                 if (started)
                         fs->flock.list = w;
         }
         pthread_mutex_unlock(&fs->flock.lock);
-        pthread_attr_destroy(&a);
         if (!started)
                 free(w);
         return started;

@@ -21,6 +21,7 @@
  *   ring.c      FUSE over io_uring: per-CPU queues served by pinned threads
  *   refresh.c   the kernel's attributes fetched anew after a release, by a child process
  *   spawn.c     the daemon's helper processes (refresh.c's child, ring.c's nudges)
+ *   thread.c    the threads started while serving, on every CPU the daemon started with
  *   ops.c       the fuse_lowlevel_ops table
  *
  * LOCK ORDER. Every mutex of the daemon's, written here once. A thread that holds one may take only those
@@ -509,6 +510,13 @@ void kfs_settle_stop(struct kfs *fs);
 /* in's path from the mount's root, by the names the kernel knows it by (kdir, kname), into BUF (SIZE
  * bytes). itable_lock held. 0, -ENOENT (nameless on the way), -ENAMETOOLONG. */
 int kfs_inode_path_locked(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size);
+
+/* thread.c */
+/* Notes the CPUs the daemon may run on, before any of its threads pins itself (ring.c). */
+void kfs_thread_init(void);
+/* pthread_create of fn(arg) on those CPUs (thread.c), with a stack of STACK bytes (0: the default).
+ * 0 or -errno. */
+int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg);
 
 /* spawn.c */
 /* Starts ARGV (ARGV[0] only names it) as a helper: the daemon's binary, exec'd afresh, with FDS[i] as its

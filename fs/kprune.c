@@ -68,7 +68,7 @@ void kfs_kprune_later(struct kfs *fs, uint64_t id)
                 return;
         }
         if (!fs->kprune.started)
-                fs->kprune.started = pthread_create(&fs->kprune.thread, NULL, later_main, fs) == 0;
+                fs->kprune.started = kfs_thread_start(&fs->kprune.thread, 0, later_main, fs) == 0;
         if (fs->kprune.n == fs->kprune.cap) {
                 size_t cap = fs->kprune.cap ? fs->kprune.cap * 2 : 64;
                 uint64_t *n = realloc(fs->kprune.later, cap * sizeof(*n));

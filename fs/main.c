@@ -730,6 +730,7 @@ int main(int argc, char *argv[])
         if (argc == 4 && !strcmp(argv[1], "--nudge"))
                 return kfs_ring_nudge_child(argv[2], argv[3]); /* spawned by a ring's nudge (ring.c) */
         kfs_log_init();
+        kfs_thread_init(); /* the CPUs the daemon's later threads run on (thread.c) */
         fs.o.timeout = DEFAULT_TIMEOUT;
         fs.o.tmp_age = 3600;
         fs.o.grace_ms = 2000;

@@ -376,7 +376,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
                 }
         }
         if (ok && !fs->refresh.started) {
-                fs->refresh.started = pthread_create(&fs->refresh.thread, NULL, refresher, fs) == 0;
+                fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
                 if (!fs->refresh.started) {
                         fs->refresh.retry_at = mono_ns() + RETRY_NS;
                         ok = false;

@@ -196,7 +196,7 @@ void kfs_settle_note(struct kfs *fs, struct kfs_inode *in)
          * again a second later; meanwhile the queue waits for the flush action or the unmount. */
         int64_t now = kfs_now_ns();
         if (!fs->settle.started && now >= fs->settle.retry_at) {
-                fs->settle.started = pthread_create(&fs->settle.thread, NULL, settler_main, fs) == 0;
+                fs->settle.started = kfs_thread_start(&fs->settle.thread, 0, settler_main, fs) == 0;
                 if (!fs->settle.started) {
                         fs->settle.retry_at = now + 1000000000LL;
                         if (!fs->settle.said)

@@ -147,7 +147,7 @@ bool kev_descent_started_locked(struct kfs *fs)
         int64_t now = kfs_now_ns();
         if (now < fs->ev->descent.retry_at)
                 return false;
-        int e = pthread_create(&fs->ev->descent.thread, NULL, descent_main, fs);
+        int e = -kfs_thread_start(&fs->ev->descent.thread, 0, descent_main, fs);
         fs->ev->descent.started = e == 0;
         if (e) {
                 if (!fs->ev->descent.retry_at) /* said once */

@@ -80,7 +80,7 @@ void kev_reap(struct kfs *fs, int fd, uint64_t bytes)
                 return;
         }
         while (fs->ev->reap.started < KEV_REAPERS && !fs->ev->reap.stop &&
-               pthread_create(&fs->ev->reap.threads[fs->ev->reap.started], NULL, reaper_main, fs) == 0)
+               kfs_thread_start(&fs->ev->reap.threads[fs->ev->reap.started], 0, reaper_main, fs) == 0)
                 fs->ev->reap.started++;
         bool queued = false;
         if (fs->ev->reap.started && !fs->ev->reap.stop) {

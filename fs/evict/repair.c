@@ -244,7 +244,7 @@ static void repairer_kick_locked(struct kfs *fs)
 {
         if (!fs->ev->repairer_started) {
                 kfs_wake_signal_init();
-                fs->ev->repairer_started = pthread_create(&fs->ev->repairer, NULL, repairer_main, fs) == 0;
+                fs->ev->repairer_started = kfs_thread_start(&fs->ev->repairer, 0, repairer_main, fs) == 0;
         }
         pthread_cond_signal(&fs->ev->repair_cond);
 }

@@ -432,7 +432,7 @@ static int park(struct kfs *fs, struct herd_wait *w)
         pthread_mutex_unlock(&fs->itable_lock);
         pthread_mutex_lock(&r->herd.lock);
         if (!r->herd.started && !r->herd.stop)
-                r->herd.started = pthread_create(&r->herd.thread, NULL, herd_main, fs) == 0;
+                r->herd.started = kfs_thread_start(&r->herd.thread, 0, herd_main, fs) == 0;
         bool ok = r->herd.started && !r->herd.stop;
         pthread_mutex_unlock(&r->herd.lock);
         if (ok) {

@@ -490,7 +490,7 @@ void kfs_remote_pub_start(struct kfs *fs)
 {
         struct kfs_remote *r = fs->remote;
         pthread_mutex_lock(&r->pub.lock);
-        r->pub.started = pthread_create(&r->pub.thread, NULL, publisher_main, fs) == 0;
+        r->pub.started = kfs_thread_start(&r->pub.thread, 0, publisher_main, fs) == 0;
         pthread_mutex_unlock(&r->pub.lock);
 }
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import abort_test_mounts, kcachefs_bin, private_dir, wait_for
-from test_hot_path import requests
+from test_hot_path import refresh_child, requests
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
@@ -241,6 +241,40 @@ def test_waits_one_after_another_add_no_entries(ringmount):
     _, after = ring_entries(m)
     assert waited >= 30, waited  # the replies were held back, as the test needs
     assert after <= 2 * before, f"{before} entries before 40 waits, {after} after"
+
+
+def cpus_allowed(path):
+    with open(os.path.join(path, "status")) as f:
+        line = next(x for x in f if x.startswith("Cpus_allowed_list:"))
+    return line.split(":", 1)[1].strip()
+
+
+def test_threads_started_while_serving_run_on_every_cpu(ringmount):
+    """The daemon's background threads start at the first request that needs them, served by a ring thread
+    pinned to its queue's CPU; they must not stay on that CPU (fs/thread.c). After a write (the settler),
+    reads (the refresher and its child, as root) and evictions (the reapers, the descent, kprune), only
+    the ring threads are pinned to one CPU."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to pin to")
+    m = ringmount({"max_size": "1M", "grace_ms": "0"})
+    queues, _ = ring_entries(m)
+    rings = 2 * queues  # ring.c's RING_THREADS per queue
+    everywhere = cpus_allowed("/proc/self")
+    for i in range(12):
+        with open(m.path(f"f{i}"), "wb") as f:
+            f.write(os.urandom(256 << 10))
+        with open(m.path(f"f{i}"), "rb") as f:
+            f.read()
+    time.sleep(1.5)  # the settler's second, the refresher's batch
+    daemon = m.pid()
+    task = f"/proc/{daemon}/task"
+    pinned = [t for t in os.listdir(task) if cpus_allowed(os.path.join(task, t)) != everywhere]
+    assert int(os.getxattr(m.mnt, "user.kcachefs.evicted_files")) > 0
+    assert len(os.listdir(task)) > rings + 2  # background threads were started
+    assert len(pinned) == rings, f"{len(pinned)} of the daemon's threads on one CPU, {rings} ring threads"
+    if os.geteuid() == 0:
+        child = wait_for(lambda: refresh_child(m), what="the refresher's child")
+        assert cpus_allowed(f"/proc/{child}") == everywhere
 
 
 def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringmount):
