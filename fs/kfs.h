@@ -270,6 +270,7 @@ struct kfs {
                 struct kfs_flock_wait *list; /* waits, each on its own thread, until joined; lock */
                 struct kfs_flock_holder *holders; /* the locks our backing fds hold; lock */
                 _Atomic unsigned nholders;
+                uint64_t drops;           /* holders let go since mount; lock */
                 _Atomic bool stop;
         } flock;
         kidx *idx;
