@@ -52,6 +52,7 @@
 
 #define LOG_BURST 20
 #define LOG_REFILL_S 5
+#define LOG_DRAIN_S 5 /* at exit, for the messages still in the pipe (kfs_log_finish) */
 
 struct kfs_log { /* lives from kfs_log_start() to kfs_log_finish() */
         int rfd;                /* the stderr pipe's read end */
@@ -324,7 +325,14 @@ void kfs_log_finish(struct kfs_log *l)
                 dup2(null, STDERR_FILENO);
                 close(null);
         }
-        pthread_join(l->th, NULL);
+        /* A helper process still running holds a copy of the write end (spawn.c: a nudge stuck in its
+         * statfs, ring.c), and then no EOF comes: what the thread has yet to write goes, not the exit. The
+         * thread and the sink stay for the little the process has left. */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += LOG_DRAIN_S;
+        if (pthread_timedjoin_np(l->th, NULL, &until) != 0)
+                return;
         pthread_mutex_lock(&sink_lock);
         sink = NULL;
         pthread_mutex_unlock(&sink_lock);

@@ -121,6 +121,25 @@ def test_crash_storm_sigkill_twenty_times(kfs, workdir):
     print(f"\ncrash storm: {rounds} SIGKILLs, {total_files} files at the end, {total_evicted} evictions logged")
 
 
+def test_a_process_holding_the_log_pipe_never_keeps_the_daemon_from_exiting(kfs, workdir):
+    """A detached daemon's stderr is a pipe its log thread reads; helper processes (spawn.c) inherit its write
+    end, and the daemon waited at exit for the pipe's EOF, which a helper still running (a nudge stuck in its
+    statfs) never gives: the unmount left a daemon that never exited. Here another process holds a copy of
+    the write end, as such a helper does; the daemon must still exit once unmounted, within LOG_DRAIN_S."""
+    log = os.path.join(workdir[0], "kcachefs.log")
+    m = kfs({"log": log})
+    pid = m.pid()
+    assert os.readlink(f"/proc/{pid}/fd/2").startswith("pipe:")
+    holder = os.open(f"/proc/{pid}/fd/2", os.O_WRONLY)
+    try:
+        subprocess.run(["fusermount3", "-u", m.mnt], check=True, capture_output=True)
+        wait_for(lambda: not pid_alive(pid), timeout=20, what="the daemon's exit while the pipe is held")
+    finally:
+        os.close(holder)
+    with open(log) as f:
+        assert "flushed and marked clean" in f.read()
+
+
 def test_fsx_a_million_operations(kfs):
     m = kfs({"max_size": "64M"})
     ops = os.environ.get("KCACHEFS_FSX_OPS", "1000000")
