@@ -7,7 +7,10 @@
  *
  * WAITS. The workers are few (as many as the CPUs), so a lock that must be waited for is waited for on a
  * thread of its own: NEO's processes queue on config.file, and waiters holding the workers would starve
- * everyone else, the request that unlocks included.
+ * everyone else, the request that unlocks included. A user has WAITS_PER_USER such threads at most, and a
+ * wait that gets no thread is answered ENOLCK (no room for the lock), never waited for on the worker: a
+ * user who blocked on locks of their own until threads ran out would otherwise have stopped a CPU's
+ * queue, every user's requests in it, for as long as they liked.
  *
  * A HOLDER THAT WENT AWAY. On a local filesystem a lock is free once its holder has closed the file or
  * exited. Through FUSE the last close only queues a RELEASE, in the background, and the unlock happens
@@ -49,6 +52,7 @@
 #include "kfs.h"
 
 #define HOLDER_GONE_MS 250
+#define WAITS_PER_USER 512 /* flock() waits of one user at once (WAITS) */
 
 /* A lock held through one of our backing fds. */
 struct kfs_flock_holder {
@@ -65,6 +69,7 @@ struct kfs_flock_wait {
         int fd, op;
         uint64_t bino;
         pid_t tid;
+        uid_t uid;            /* the caller's (WAITS) */
         bool after_gone;      /* LOCK_NB: wait for gone holders' RELEASE, then try once more */
         uint64_t gen;         /* fs->flock.drops as of its last try (gone_holder) */
         bool done;            /* answered: its thread ends, to be joined (flock.lock) */
@@ -358,7 +363,10 @@ static bool defer(struct kfs *fs, const struct kfs_flock_wait *tmpl)
         pthread_mutex_lock(&fs->flock.lock);
         waits_join_locked(fs, false);
         bool started = false;
-        if (w && !atomic_load(&fs->flock.stop)) {
+        unsigned mine = 0;
+        for (struct kfs_flock_wait *o = fs->flock.list; o; o = o->next)
+                mine += !o->done && o->uid == tmpl->uid;
+        if (w && !atomic_load(&fs->flock.stop) && mine < WAITS_PER_USER) {
                 *w = *tmpl;
                 w->done = false;
                 w->next = fs->flock.list;
@@ -381,7 +389,8 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
                 return;
         }
         struct kfs_flock_wait w = { .fs = fs, .req = req, .fd = fd, .op = op,
-                                    .bino = kfs_inode_get(fs, ino)->bino, .tid = fuse_req_ctx(req)->pid };
+                                    .bino = kfs_inode_get(fs, ino)->bino, .tid = fuse_req_ctx(req)->pid,
+                                    .uid = fuse_req_ctx(req)->uid };
         pthread_mutex_lock(&fs->flock.lock);
         int e = try_locked(fs, fd, op | ((op & LOCK_UN) ? 0 : LOCK_NB), w.bino, w.tid);
         w.gen = fs->flock.drops; /* a holder let go after this try: worth another (gone_holder) */
@@ -394,18 +403,14 @@ void kfs_op_flock(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi, int
         w.after_gone = gone;
         if (defer(fs, &w))
                 return;
-        if (!gone && atomic_load(&fs->flock.stop)) { /* stopping: a wait begun now would never be woken */
+        if (!gone) { /* no thread for the wait (WAITS), or stopping: a wait begun now would never be woken */
                 fuse_reply_err(req, ENOLCK);
                 return;
         }
-        /* No thread to spare: wait here (a LOCK_NB only tries once more). */
-        if (gone) {
-                pthread_mutex_lock(&fs->flock.lock);
-                e = try_locked(fs, fd, op, w.bino, w.tid);
-                pthread_mutex_unlock(&fs->flock.lock);
-        } else {
-                e = take_waiting(fs, &w);
-        }
+        /* A LOCK_NB only tries once more. */
+        pthread_mutex_lock(&fs->flock.lock);
+        e = try_locked(fs, fd, op, w.bino, w.tid);
+        pthread_mutex_unlock(&fs->flock.lock);
         fuse_reply_err(req, e);
 }
 

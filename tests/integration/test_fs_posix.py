@@ -315,6 +315,59 @@ def test_many_holders_of_one_lock_never_slow_everyone_elses_locks(kfs):
     assert busy < 10 * alone + 0.5, f"100 locks and unlocks of another file: {busy:.2f} s, {alone:.3f} s alone"
 
 
+def test_a_user_waiting_on_too_many_locks_gets_enolck_and_others_still_wait(kfs):
+    """Each flock() that must wait is waited for on a thread of the daemon's own (fs/flock.c, WAITS); one
+    user has 512 of them at most, and a wait past that is answered ENOLCK at once. Without the bound a user
+    blocking on locks of their own took threads until none could be made, and then the next wait was
+    waited for on the thread serving that CPU's queue: every user's requests there stopped. Another user's
+    wait, past the first user's 512, still waits and gets its lock."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a second account")
+    m = kfs({"allow_other": True, "default_permissions": True})
+    path = m.path("x")
+    open(path, "w").close()
+    os.chmod(path, 0o666)
+    holder = open(path)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    results = []
+
+    def waiter():
+        with open(path) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX)
+                fcntl.flock(f, fcntl.LOCK_UN)
+                results.append(0)
+            except OSError as e:
+                results.append(e.errno)
+
+    threads = [threading.Thread(target=waiter) for _ in range(513)]
+    other = None
+    try:
+        for t in threads:
+            t.start()
+        wait_for(lambda: results, timeout=60, what="the wait past 512 answered")
+        assert results == [errno.ENOLCK], results[:5]
+        alice = ensure_user("kcfs-alice")
+        code = ("import fcntl, sys\n"
+                "f = open(sys.argv[1])\n"
+                "print('waiting', flush=True)\n"
+                "fcntl.flock(f, fcntl.LOCK_EX)\n"
+                "print('locked', flush=True)")
+        other = subprocess.Popen(["runuser", "-u", alice.pw_name, "--", "/usr/bin/python3", "-c", code, path],
+                                 stdout=subprocess.PIPE, text=True)
+        assert other.stdout.readline().strip() == "waiting"
+        time.sleep(0.5)
+        assert other.poll() is None and len(results) == 1, "another user's wait was refused"
+    finally:
+        fcntl.flock(holder, fcntl.LOCK_UN)
+        holder.close()
+        for t in threads:
+            t.join(60)
+    assert other.stdout.readline().strip() == "locked"
+    assert other.wait(30) == 0
+    assert sorted(results) == [0] * 512 + [errno.ENOLCK]
+
+
 def test_flock_inherited_by_a_child_stays_held_after_the_locker_exits(kfs):
     m = kfs()
     path = m.path("config.file")
