@@ -242,7 +242,6 @@ struct kfs {
         } kprune;
         struct {                  /* the kernel's attributes refreshed after a release (refresh.c) */
                 bool wanted;      /* a root daemon, logging, not -o norefresh; set before the loop */
-                dev_t dev;        /* the mount's device, read from the clone taken at mount */
                 _Atomic pid_t child; /* its child process, whose requests are counted as OWN; 0: none */
                 pthread_mutex_t lock; /* a leaf */
                 pthread_cond_t cond;
@@ -263,6 +262,8 @@ struct kfs {
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
         _Atomic uint64_t requests[KFS_OPCODES]; /* requests the kernel sent, by opcode (kfs_count_request) */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
+        dev_t mount_dev;          /* the mount's device, read once mounted (refresh.c's clones, ring.c's nudges
+                                   * check that they reach it); 0: unknown */
         bool singlethread;        /* -s */
         struct {                  /* flock() (flock.c) */
                 pthread_mutex_t lock;
@@ -524,8 +525,9 @@ int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg
  * descriptor 3 + i and no other of the daemon's (spawn.c, WHY PROCESSES). 0 (*pid) or -errno. */
 int kfs_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid);
 
-/* ring.c's nudge: kcachefs --nudge QID MOUNTPOINT, a statfs of the mount from CPU QID. Exit status. */
-int kfs_ring_nudge_child(const char *qid, const char *mountpoint);
+/* ring.c's nudge: kcachefs --nudge QID MOUNTPOINT MAJOR:MINOR, a statfs of the mount from CPU QID, if
+ * MOUNTPOINT holds the mount of that device. Exit status. */
+int kfs_ring_nudge_child(const char *qid, const char *mountpoint, const char *dev);
 
 /* refresh.c */
 /* At mount, before the loop: whether refreshing can be on, and the mount's device (REFRESH). */

@@ -24,6 +24,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <sys/vfs.h>
 #include <sys/wait.h>
 #include <syslog.h>
@@ -552,6 +553,18 @@ static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log 
                 kfs_log(LOG_WARNING, "cannot start the log: %s", strerror(-r));
 }
 
+/* The device of the mount just made at mnt, where the mount point surely holds it: what refresh.c's
+ * clones and ring.c's nudges must reach later, when a user may have swapped a directory on the way.
+ * DONT_SYNC: the device is the superblock's, and nothing is asked of the daemon, which does not serve yet.
+ * 0 if it cannot be read. */
+static dev_t mount_dev(const char *mnt)
+{
+        struct statx sx;
+        if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC | AT_SYMLINK_NOFOLLOW, STATX_TYPE, &sx) < 0)
+                return 0;
+        return makedev(sx.stx_dev_major, sx.stx_dev_minor);
+}
+
 /* The parent learns that the daemon serves, and the daemon lets go of the terminal. */
 static void detached_ready(int fd, bool logging)
 {
@@ -727,8 +740,8 @@ int main(int argc, char *argv[])
 
         if (argc == 3 && !strcmp(argv[1], "--refresh-child"))
                 return kfs_refresh_child(argv[2]); /* exec'd by the daemon (refresh.c) */
-        if (argc == 4 && !strcmp(argv[1], "--nudge"))
-                return kfs_ring_nudge_child(argv[2], argv[3]); /* spawned by a ring's nudge (ring.c) */
+        if (argc == 5 && !strcmp(argv[1], "--nudge"))
+                return kfs_ring_nudge_child(argv[2], argv[3], argv[4]); /* spawned by a ring's nudge (ring.c) */
         kfs_log_init();
         kfs_thread_init(); /* the CPUs the daemon's later threads run on (thread.c) */
         fs.o.timeout = DEFAULT_TIMEOUT;
@@ -852,6 +865,7 @@ int main(int argc, char *argv[])
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
         mark_lock(lock_fd, "mounted", fs.o.mountpoint);
+        fs.mount_dev = mount_dev(fs.o.mountpoint);
         kfs_pt_setup(&fs);
         kfs_dev_setup(&fs);
         kfs_refresh_setup(&fs);

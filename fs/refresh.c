@@ -157,12 +157,10 @@ static int clone_mount(struct kfs *fs)
                 close(fd);
                 return e;
         }
-        dev_t dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
-        if (fs->refresh.dev && dev != fs->refresh.dev) {
+        if (!fs->mount_dev || makedev(sx.stx_dev_major, sx.stx_dev_minor) != fs->mount_dev) {
                 close(fd);
                 return -EXDEV; /* something else is mounted there now */
         }
-        fs->refresh.dev = dev;
         return fd;
 }
 
@@ -172,7 +170,7 @@ void kfs_refresh_setup(struct kfs *fs)
         pthread_cond_init(&fs->refresh.cond, NULL);
         if (fs->o.norefresh || fs->o.nolog || geteuid() != 0)
                 return;
-        int fd = clone_mount(fs); /* the device, while the mount point surely holds our mount */
+        int fd = clone_mount(fs); /* can it be cloned at all */
         if (fd < 0) {
                 kfs_log(LOG_NOTICE, "attributes are dropped at release, not refreshed: "
                                     "cannot clone the mount: %s", strerror(-fd));
@@ -217,7 +215,7 @@ static int child_start(struct kfs *fs, struct child *c)
                 return e;
         }
         char dev[40];
-        snprintf(dev, sizeof(dev), "%u:%u", major(fs->refresh.dev), minor(fs->refresh.dev));
+        snprintf(dev, sizeof(dev), "%u:%u", major(fs->mount_dev), minor(fs->mount_dev));
         char *argv[] = { "kcachefs", "--refresh-child", dev, NULL };
         int fds[] = { tree, sv[1] }; /* FD_TREE, FD_SOCK */
         pid_t pid;

@@ -57,15 +57,19 @@
  * so a root daemon turns it on before mounting (and says so), on the kernels it was tested on (6.18+);
  * -o nouring leaves it alone. When the kernel does not offer it, everything goes through /dev/fuse. */
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/io_uring.h>
+#include <linux/openat2.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/syscall.h>
+#include <sys/sysmacros.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -337,24 +341,45 @@ struct nudge {
         struct nudge *next;       /* kfs_ring.nudge_list; nudge_lock */
 };
 
-/* The nudge's request: a statfs of the mount from CPU qid (the kernel queues a request by its CPU).
- * 0, or -1 with errno set. */
-static int statfs_from(unsigned long qid, const char *mountpoint)
+/* The nudge's request: a statfs of the mount from CPU qid (the kernel queues a request by its CPU), as
+ * root, through a path in directories that users may write (a mount point in a user's directory). So the
+ * path is resolved without symlinks, and the object reached must be the mount's root (its device, read
+ * without asking anything): a user who moved a directory on the way and put a symlink there, or another
+ * mount (their own FUSE mount, which need never answer), gets no statfs. 0, or -1 with errno set. */
+static int statfs_from(unsigned long qid, const char *mountpoint, dev_t dev)
 {
         cpu_set_t cpus;
         CPU_ZERO(&cpus);
         CPU_SET(qid, &cpus);
-        struct statvfs sv;
-        return sched_setaffinity(0, sizeof(cpus), &cpus) < 0 ? -1 : statvfs(mountpoint, &sv);
+        if (sched_setaffinity(0, sizeof(cpus), &cpus) < 0)
+                return -1;
+        struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
+                                .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+        int fd = (int)syscall(SYS_openat2, AT_FDCWD, mountpoint, &how, sizeof(how));
+        if (fd < 0)
+                return -1;
+        struct statx sx;
+        struct statfs sf;
+        int r = -1;
+        if (statx(fd, "", AT_EMPTY_PATH | AT_STATX_DONT_SYNC, STATX_TYPE, &sx) < 0)
+                ;
+        else if (makedev(sx.stx_dev_major, sx.stx_dev_minor) != dev)
+                errno = EXDEV;
+        else
+                r = fstatfs(fd, &sf);
+        close(fd);
+        return r;
 }
 
-int kfs_ring_nudge_child(const char *qid, const char *mountpoint)
+int kfs_ring_nudge_child(const char *qid, const char *mountpoint, const char *dev)
 {
         char *end;
         unsigned long q = strtoul(qid, &end, 10);
-        if (*end || q >= CPU_SETSIZE)
+        unsigned ma, mi;
+        char c;
+        if (*end || q >= CPU_SETSIZE || sscanf(dev, "%u:%u%c", &ma, &mi, &c) != 2)
                 return 2;
-        return statfs_from(q, mountpoint) < 0;
+        return statfs_from(q, mountpoint, makedev(ma, mi)) < 0;
 }
 
 /* The request is made by a helper process, not by this thread (spawn.c, WHY PROCESSES); this thread
@@ -365,13 +390,15 @@ static void *nudge_main(void *arg)
         struct nudge *n = arg;
         char q[16];
         snprintf(q, sizeof(q), "%u", n->qid);
-        char *argv[] = { "kcachefs", "--nudge", q, n->fs->o.mountpoint, NULL };
+        char dev[40];
+        snprintf(dev, sizeof(dev), "%u:%u", major(n->fs->mount_dev), minor(n->fs->mount_dev));
+        char *argv[] = { "kcachefs", "--nudge", q, n->fs->o.mountpoint, dev, NULL };
         pid_t pid;
         if (kfs_spawn_self(argv, NULL, 0, &pid) == 0) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
         } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
-                (void)statfs_from(n->qid, n->fs->o.mountpoint);
+                (void)statfs_from(n->qid, n->fs->o.mountpoint, n->fs->mount_dev);
         }
         atomic_fetch_add(&n->r->nudged, 1);
         atomic_fetch_sub(&n->r->nudges, 1);

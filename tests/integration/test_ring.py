@@ -277,6 +277,29 @@ def test_threads_started_while_serving_run_on_every_cpu(ringmount):
         assert cpus_allowed(f"/proc/{child}") == everywhere
 
 
+def test_a_nudge_reaches_only_the_mount_it_was_made_for(ringmount, workdir):
+    """A nudge's helper (ring.c) statfs'es the mount point as root, and a mount point may lie in a user's
+    directory: the user can move a directory on the way and put a symlink, or a mount of their own (a FUSE
+    mount that never answers), where the mount point was. The helper follows no symlink, and makes its
+    request only where it reached the mount's own device: one STATFS through the real path, none through a
+    symlink to it or with another device."""
+    m = ringmount()
+    st = os.stat(m.mnt)
+    dev = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    link = os.path.join(workdir[0], "link-to-mnt")
+    os.symlink(m.mnt, link)
+
+    def nudge(path, d):
+        before = requests(m).get("STATFS", 0)
+        rc = subprocess.run([kcachefs_bin(), "--nudge", "0", path, d], timeout=30).returncode
+        return rc, requests(m).get("STATFS", 0) - before
+
+    assert nudge(m.mnt, dev) == (0, 1)
+    assert nudge(link, dev) == (1, 0)
+    other = os.stat(workdir[0]).st_dev
+    assert nudge(m.mnt, f"{os.major(other)}:{os.minor(other)}") == (1, 0)
+
+
 def test_a_daemon_killed_with_requests_in_its_rings_leaves_nothing_hanging(ringmount):
     m = ringmount()
     path = m.path("lockfile")
