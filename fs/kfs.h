@@ -262,8 +262,13 @@ struct kfs {
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
         _Atomic uint64_t requests[KFS_OPCODES]; /* requests the kernel sent, by opcode (kfs_count_request) */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
-        dev_t mount_dev;          /* the mount's device, read once mounted (refresh.c's clones, ring.c's nudges
-                                   * check that they reach it); 0: unknown */
+        /* The mount as the daemon's helpers reach it after mount (refresh.c's clones, ring.c's nudges), in
+         * directories a user may rename: the mount point's directory held from mount on (mount_dir, an
+         * O_PATH fd; -1: none), its name there (mount_name), and the mount's device (mount_dev, 0: unknown),
+         * which what they reach must be. */
+        int mount_dir;
+        const char *mount_name;
+        dev_t mount_dev;
         bool singlethread;        /* -s */
         struct {                  /* flock() (flock.c) */
                 pthread_mutex_t lock;
@@ -525,12 +530,12 @@ int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg
  * descriptor 3 + i and no other of the daemon's (spawn.c, WHY PROCESSES). 0 (*pid) or -errno. */
 int kfs_spawn_self(char *const argv[], const int *fds, int nfds, pid_t *pid);
 
-/* ring.c's nudge: kcachefs --nudge QID MOUNTPOINT MAJOR:MINOR, a statfs of the mount from CPU QID, if
- * MOUNTPOINT holds the mount of that device. Exit status. */
-int kfs_ring_nudge_child(const char *qid, const char *mountpoint, const char *dev);
+/* ring.c's nudge: kcachefs --nudge QID NAME MAJOR:MINOR, with the mount point's directory as descriptor
+ * 3: a statfs of the mount from CPU QID, if NAME there holds the mount of that device. Exit status. */
+int kfs_ring_nudge_child(const char *qid, const char *name, const char *dev);
 
 /* refresh.c */
-/* At mount, before the loop: whether refreshing can be on, and the mount's device (REFRESH). */
+/* At mount, before the loop: whether refreshing can be on (REFRESH). */
 void kfs_refresh_setup(struct kfs *fs);
 /* At RELEASE of a handle of in (kernel inode ino): the kernel's attributes of in are dropped, so that a
  * stat asks and gets the logged atime; after a reader's release, the child then fetches them anew

@@ -553,16 +553,22 @@ static void start_log(struct kfs *fs, bool own_meta, int log_fd, struct kfs_log 
                 kfs_log(LOG_WARNING, "cannot start the log: %s", strerror(-r));
 }
 
-/* The device of the mount just made at mnt, where the mount point surely holds it: what refresh.c's
- * clones and ring.c's nudges must reach later, when a user may have swapped a directory on the way.
- * DONT_SYNC: the device is the superblock's, and nothing is asked of the daemon, which does not serve yet.
- * 0 if it cannot be read. */
-static dev_t mount_dev(const char *mnt)
+/* The mount just made, as the helpers reach it later (kfs.h: mount_dir, mount_name, mount_dev): the mount
+ * point's directory, held from now on, so that a user who renames a directory above it changes nothing
+ * for them, and the device, which the mount point holds now (fuse_session_mount just returned). DONT_SYNC:
+ * the device is the superblock's, and nothing is asked of the daemon, which does not serve yet. */
+static void hold_mount(struct kfs *fs)
 {
+        const char *slash = strrchr(fs->o.mountpoint, '/'); /* an absolute path (check_dir's realpath) */
+        fs->mount_name = slash && slash[1] ? slash + 1 : fs->o.mountpoint;
+        char *dir = slash ? strndup(fs->o.mountpoint, slash == fs->o.mountpoint ? 1 : (size_t)(slash - fs->o.mountpoint))
+                          : NULL;
+        fs->mount_dir = dir ? open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC) : -1;
+        free(dir);
         struct statx sx;
-        if (statx(AT_FDCWD, mnt, AT_STATX_DONT_SYNC | AT_SYMLINK_NOFOLLOW, STATX_TYPE, &sx) < 0)
-                return 0;
-        return makedev(sx.stx_dev_major, sx.stx_dev_minor);
+        if (fs->mount_dir >= 0 && statx(fs->mount_dir, fs->mount_name, AT_STATX_DONT_SYNC | AT_SYMLINK_NOFOLLOW,
+                                        STATX_TYPE, &sx) == 0)
+                fs->mount_dev = makedev(sx.stx_dev_major, sx.stx_dev_minor);
 }
 
 /* The parent learns that the daemon serves, and the daemon lets go of the terminal. */
@@ -733,7 +739,7 @@ int main(int argc, char *argv[])
 {
         struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
         struct fuse_cmdline_opts cmd = { 0 };
-        struct kfs fs = { .tree.root = -1, .root.fd = -1, .dead_fd = -1 };
+        struct kfs fs = { .tree.root = -1, .root.fd = -1, .dead_fd = -1, .mount_dir = -1 };
         int lock_fd = -1, ready_fd = -1, log_fd = -1, ret = 1;
         bool served = false;
         struct kfs_log *log = NULL;
@@ -865,7 +871,7 @@ int main(int argc, char *argv[])
         if (fuse_session_mount(fs.se, fs.o.mountpoint) != 0)
                 goto out_signals;
         mark_lock(lock_fd, "mounted", fs.o.mountpoint);
-        fs.mount_dev = mount_dev(fs.o.mountpoint);
+        hold_mount(&fs);
         kfs_pt_setup(&fs);
         kfs_dev_setup(&fs);
         kfs_refresh_setup(&fs);

@@ -18,8 +18,9 @@
  *
  * HOW IT REACHES THE FILE (the rules of common/tree.h hold for it too, a root process in directories that
  * users write):
- *   - through a clone of the mount (open_tree(OPEN_TREE_CLONE)), taken by the daemon when it starts the
- *     child and checked to be the mount's device: a detached mount, so umount of the mount point never
+ *   - through a clone of the mount (open_tree(OPEN_TREE_CLONE) of the mount point's name in its directory,
+ *     held since mount, no symlink: kfs.h, mount_dir), taken by the daemon when it starts the child and
+ *     checked to be the mount's device: a detached mount, so umount of the mount point never
  *     meets EBUSY because of it. Since the clone keeps the connection alive, the child watches
  *     /proc/self/mountinfo and exits once no mount of the device is left: the daemon then sees the
  *     connection end and stops, as at any unmount;
@@ -147,7 +148,11 @@ static void drop(struct kfs *fs, fuse_ino_t ino)
 
 static int clone_mount(struct kfs *fs)
 {
-        int fd = (int)syscall(SYS_open_tree, AT_FDCWD, fs->o.mountpoint, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+        if (fs->mount_dir < 0)
+                return -EBADF;
+        /* the mount point's name in its directory, held since mount (kfs.h: mount_dir), no symlink */
+        int fd = (int)syscall(SYS_open_tree, fs->mount_dir, fs->mount_name,
+                              OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_SYMLINK_NOFOLLOW);
         if (fd < 0)
                 return -errno;
         struct statx sx;

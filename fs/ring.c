@@ -29,8 +29,9 @@
  * issuer, task work deferred to its own waits) and one entry. The kernel hands a request only to an
  * entry waiting for one, so a thread busy in a slow handler (an fsync, an eviction) gets no new request;
  * the other takes it. A handler that answers later from another thread (a flock() that must wait) keeps
- * its entry out of the kernel until then, so its thread registers a new one at once: 24 processes
- * queued on one lock must not take every entry, the unlock's included. That reply is handed to the
+ * its entry out of the kernel until then, so its thread registers a new one at once where none of its
+ * others waits in the kernel (handle): 24 processes queued on one lock must not take every entry, the
+ * unlock's included. That reply is handed to the
  * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
  * of a ring's submissions come from its owner.
  *
@@ -342,11 +343,12 @@ struct nudge {
 };
 
 /* The nudge's request: a statfs of the mount from CPU qid (the kernel queues a request by its CPU), as
- * root, through a path in directories that users may write (a mount point in a user's directory). So the
- * path is resolved without symlinks, and the object reached must be the mount's root (its device, read
- * without asking anything): a user who moved a directory on the way and put a symlink there, or another
- * mount (their own FUSE mount, which need never answer), gets no statfs. 0, or -1 with errno set. */
-static int statfs_from(unsigned long qid, const char *mountpoint, dev_t dev)
+ * root, where the mount point may lie in a user's directory. So it goes to the mount point's name in its
+ * directory as the daemon held it since mount (dirfd: kfs.h, mount_dir), following no symlink, and only
+ * where that reaches the mount's own device (read without asking anything): a user who renamed a
+ * directory above the mount point changes nothing, and one who put a symlink or another mount where it
+ * was (their own FUSE mount, which need never answer) gets no statfs. 0, or -1 with errno set. */
+static int statfs_from(unsigned long qid, int dirfd, const char *name, dev_t dev)
 {
         cpu_set_t cpus;
         CPU_ZERO(&cpus);
@@ -354,8 +356,8 @@ static int statfs_from(unsigned long qid, const char *mountpoint, dev_t dev)
         if (sched_setaffinity(0, sizeof(cpus), &cpus) < 0)
                 return -1;
         struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
-                                .resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
-        int fd = (int)syscall(SYS_openat2, AT_FDCWD, mountpoint, &how, sizeof(how));
+                                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+        int fd = (int)syscall(SYS_openat2, dirfd, name, &how, sizeof(how));
         if (fd < 0)
                 return -1;
         struct statx sx;
@@ -371,7 +373,7 @@ static int statfs_from(unsigned long qid, const char *mountpoint, dev_t dev)
         return r;
 }
 
-int kfs_ring_nudge_child(const char *qid, const char *mountpoint, const char *dev)
+int kfs_ring_nudge_child(const char *qid, const char *name, const char *dev)
 {
         char *end;
         unsigned long q = strtoul(qid, &end, 10);
@@ -379,7 +381,7 @@ int kfs_ring_nudge_child(const char *qid, const char *mountpoint, const char *de
         char c;
         if (*end || q >= CPU_SETSIZE || sscanf(dev, "%u:%u%c", &ma, &mi, &c) != 2)
                 return 2;
-        return statfs_from(q, mountpoint, makedev(ma, mi)) < 0;
+        return statfs_from(q, 3, name, makedev(ma, mi)) < 0; /* 3: the mount point's directory */
 }
 
 /* The request is made by a helper process, not by this thread (spawn.c, WHY PROCESSES); this thread
@@ -392,13 +394,13 @@ static void *nudge_main(void *arg)
         snprintf(q, sizeof(q), "%u", n->qid);
         char dev[40];
         snprintf(dev, sizeof(dev), "%u:%u", major(n->fs->mount_dev), minor(n->fs->mount_dev));
-        char *argv[] = { "kcachefs", "--nudge", q, n->fs->o.mountpoint, dev, NULL };
+        char *argv[] = { "kcachefs", "--nudge", q, (char *)n->fs->mount_name, dev, NULL };
         pid_t pid;
-        if (kfs_spawn_self(argv, NULL, 0, &pid) == 0) {
+        if (kfs_spawn_self(argv, &n->fs->mount_dir, 1, &pid) == 0) {
                 while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
                         ;
         } else { /* no helper (a tasks limit, no /proc): the request from here, as a stalled queue needs it */
-                (void)statfs_from(n->qid, n->fs->o.mountpoint, n->fs->mount_dev);
+                (void)statfs_from(n->qid, n->fs->mount_dir, n->fs->mount_name, n->fs->mount_dev);
         }
         atomic_fetch_add(&n->r->nudged, 1);
         atomic_fetch_sub(&n->r->nudges, 1);
@@ -530,8 +532,18 @@ static void *ring_main(void *arg)
                                 failed(r, "registration", -c->res); /* no retry: it would fail the same */
                                 atomic_store(&r->down, true);
                         } else if (c->res < 0 && !e->fetched) {
+                                /* An extra entry the kernel refused (handle registered it): out of use, and
+                                 * not counted as waiting in the kernel, so that the next reply held back
+                                 * registers another where the thread has none waiting. */
                                 kfs_log(LOG_WARNING, "io_uring: an extra entry of queue %u: %s", t->qid,
-                                        strerror(-c->res)); /* the thread's first entry still serves */
+                                        strerror(-c->res));
+                                t->nents--;
+                                atomic_fetch_sub(&r->nents, 1);
+                                if (t->nents <= t->held) { /* none of its entries waits: try once more */
+                                        struct ring_ent *n = ent_new(t);
+                                        if (n)
+                                                sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
+                                }
                         } else if (c->res < 0) {
                                 /* The kernel refused a commit: the entry is out of use, and a new one
                                  * takes its place so that the queue keeps being served. */

@@ -15,6 +15,7 @@
  * (the ASan pass of test_pyopencl_through_an_evicting_cache missed a key stored by the process before).
  * A lock that appears during the walk still makes what follows busy: someone is inside the cache now. */
 #include <errno.h>
+#include <fcntl.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <stdio.h>
@@ -207,6 +208,28 @@ static int busy_verdict(struct kev_busy *b, const char *dir, bool *busy)
                 return -ENOMEM;
         b->n++;
         return 0;
+}
+
+/* ONE VERDICT PER LOCK for unit u: held earlier in this eviction, or held now. JAX's lock is asked here
+ * (taken without waiting and let go), once per unit until it is found held, and not by the other callers
+ * of kev_unit_resolve (the shared tier, kcache evict's listing). A held lock is remembered; without
+ * memory to remember it, this unit's own verdict stands. */
+static void lock_verdict(struct kfs *fs, struct kev_busy *b, struct kev_unit *u)
+{
+        bool known = false;
+        (void)busy_verdict(b, u->lock_dir, &known); /* only asks, while known is false */
+        if (known) {
+                u->busy = true;
+                return;
+        }
+        if (!u->busy && u->rt == KRT_JAX) {
+                int dfd = ktree_open(&fs->tree, KTREE_ROOT, u->lock_dir, O_PATH | O_DIRECTORY, 0);
+                if (dfd >= 0) {
+                        u->busy = kev_jax_lock_probe(fs, dfd);
+                        close(dfd);
+                }
+        }
+        (void)busy_verdict(b, u->lock_dir, &u->busy);
 }
 
 void kev_seen_free(struct seen_set *ss)
@@ -439,8 +462,8 @@ int kev_choose(struct kfs *fs, struct dircache *dc, uint64_t goal, size_t max_vi
                                 continue;
                         }
                         kev_free_names(v.names, v.nnames);
-                        if (u.lock_dir) /* no memory to remember a held lock: this unit's own verdict stands */
-                                (void)busy_verdict(busy, u.lock_dir, &u.busy);
+                        if (u.lock_dir)
+                                lock_verdict(fs, busy, &u);
                         char key[PATH_MAX + 16];
                         /* A directory unit is its directory; a unit of files in a shared directory (NEO, SYCL,
                          * JAX) is its first member. */

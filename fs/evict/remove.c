@@ -131,7 +131,7 @@ size_t kev_remove_member_locked(struct kfs *fs, struct victim *v, const int *dir
  * process that holds the lock: it is inside its own store, and no JAX read of another process is in
  * between (kev_writer). Measurements that make room outside a request (at release, after writeback: a
  * JAX process may be in the middle of a read then) take the lock like the descent.
- *   The choice asks first (units.c, jax_unit: kev_jax_lock_probe), so that a held lock makes the walk
+ *   The choice asks first (choose.c, lock_verdict: kev_jax_lock_probe), so that a held lock makes the walk
  * pass over the cache's units to newer ones (choose.c, ONE VERDICT PER LOCK); asked only here, a user
  * who held a lock over old entries had every eviction choose them, free nothing and give up: ENOSPC for
  * every user of the mount (test_security_review.py). Here it is asked again, as the lock may have been

@@ -6,16 +6,11 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "internal.h"
 
 /* space_lock held. */
 static bool try_reserve_locked(struct kfs *fs, uint64_t bytes);
-
-/* A write that finds nothing left to evict waits this often, this long, for RELEASEs in flight. */
-#define RELEASE_WAITS 3
-#define RELEASE_WAIT_MS 10
 
 /* space_lock held. Grants queued writes in arrival order while they fit (HELPING). */
 static void grant_waiters_locked(struct kfs *fs)
@@ -180,21 +175,11 @@ int kev_reserve(struct kfs *fs, uint64_t bytes)
                  * Room that queued writes were granted meanwhile (HELPING) is made up for by going on; after
                  * a few such rounds it stops granting, so that a stream of writers cannot keep it going. */
                 struct kev_busy busy = { 0 }; /* one verdict per lock while the walk goes on (kev_busy) */
-                for (int attempt = 0, helped = 0, waits = 0; r == 0 && !ok && attempt < 4;) {
+                for (int attempt = 0, helped = 0; r == 0 && !ok && attempt < 4;) {
                         uint64_t must = used + reserved + bytes - fs->o.max_size;
                         int64_t freed = kev_evict_batch(fs, &cursor, must, must, SIZE_MAX, true, &nl, helped < 4, true,
                                                         &busy);
-                        if (freed == -ENOSPC && waits < RELEASE_WAITS) {
-                                /* What is left may hold a file closed a moment ago: the kernel sends its
-                                 * RELEASE after close() returned, and another thread (another CPU's ring
-                                 * queue) may serve it after this write, so the file still counts as open.
-                                 * A program that closed a file and then writes must find it gone; a
-                                 * refusal costs a few milliseconds more. */
-                                waits++;
-                                nanosleep(&(struct timespec){ 0, RELEASE_WAIT_MS * 1000000L }, NULL);
-                                cursor = 0;
-                                kev_busy_free(&busy);
-                        } else if (freed < 0) {
+                        if (freed < 0) {
                                 r = (int)freed;
                         } else if ((uint64_t)freed < must) {
                                 attempt++;

@@ -456,13 +456,8 @@ static int jax_unit(struct kfs *fs, const struct file_at *f, struct kev_unit *u)
                 r = add_member(u, f->dir, c);
         if (r == 0 && exists_at(fs, f->dir, a))
                 r = add_member(u, f->dir, a);
-        /* One .lockfile guards the whole directory: held, every unit in it is passed over for the rest of
-         * the eviction (remove.c, runtime_lock; choose.c, ONE VERDICT PER LOCK). */
-        int dfd = ktree_open(&fs->tree, KTREE_ROOT, f->dir, O_PATH | O_DIRECTORY, 0);
-        if (dfd >= 0) {
-                u->busy = kev_jax_lock_probe(fs, dfd);
-                close(dfd);
-        }
+        /* One .lockfile guards the whole directory: the eviction asks it when it chooses (choose.c, ONE
+         * VERDICT PER LOCK) and again when it removes (remove.c, runtime_lock). */
         if (r == 0 && !(u->lock_dir = strdup(f->dir)))
                 r = -ENOMEM;
         return r < 0 ? r : 1;
