@@ -534,16 +534,12 @@ static void *ring_main(void *arg)
                         } else if (c->res < 0 && !e->fetched) {
                                 /* An extra entry the kernel refused (handle registered it): out of use, and
                                  * not counted as waiting in the kernel, so that the next reply held back
-                                 * registers another where the thread has none waiting. */
+                                 * registers another where the thread has none waiting. Not at once: a
+                                 * kernel that refuses every one would take a mapping each time, for good. */
                                 kfs_log(LOG_WARNING, "io_uring: an extra entry of queue %u: %s", t->qid,
                                         strerror(-c->res));
                                 t->nents--;
                                 atomic_fetch_sub(&r->nents, 1);
-                                if (t->nents <= t->held) { /* none of its entries waits: try once more */
-                                        struct ring_ent *n = ent_new(t);
-                                        if (n)
-                                                sqe_cmd(t, n, FK_URING_CMD_REGISTER, 0);
-                                }
                         } else if (c->res < 0) {
                                 /* The kernel refused a commit: the entry is out of use, and a new one
                                  * takes its place so that the queue keeps being served. */
