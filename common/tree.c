@@ -181,6 +181,16 @@ int ktree_open_cached(const struct ktree *t, int dfd, const char *rel)
         return fd >= 0 ? (int)fd : -errno;
 }
 
+int ktree_open_mount(int dfd, const char *name)
+{
+        if (!ktree_name_ok(name))
+                return -EINVAL;
+        struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC,
+                                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
+        long fd = syscall(SYS_openat2, dfd, name, &how, sizeof(how));
+        return fd >= 0 ? (int)fd : -errno;
+}
+
 int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, mode_t mode)
 {
         int fd = ktree_open(t, dfd, rel, flags | O_NONBLOCK, mode);

@@ -65,6 +65,10 @@ int ktree_open_file(const struct ktree *t, int dfd, const char *rel, int flags, 
  * this is a resolution that sends no request (fs/refresh.c, whose child resolves names in the daemon's own
  * mount). No fallback walk: -ENOSYS or -EINVAL where the kernel lacks it; other -errno as ktree_open. */
 int ktree_open_cached(const struct ktree *t, int dfd, const char *rel);
+/* The mount on NAME, one component in directory DFD (a mount point's directory, outside any tree), as
+ * O_PATH: no symlink, nothing beneath climbing out, but onto whatever is mounted there (fs/ring.c's nudges
+ * reach the daemon's own mount so, then check its device). -ELOOP: a symlink; other -errno as openat2(2). */
+int ktree_open_mount(int dfd, const char *name);
 /* ktree_open(O_PATH) and fstat: the object itself, never a symlink's target. */
 int ktree_stat(const struct ktree *t, int dfd, const char *rel, struct stat *st);
 /* A directory stream on REL beneath DFD (ktree_open with O_RDONLY|O_DIRECTORY). NULL with errno set. */

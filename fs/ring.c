@@ -60,7 +60,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/io_uring.h>
-#include <linux/openat2.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,11 +354,11 @@ static int statfs_from(unsigned long qid, int dirfd, const char *name, dev_t dev
         CPU_SET(qid, &cpus);
         if (sched_setaffinity(0, sizeof(cpus), &cpus) < 0)
                 return -1;
-        struct open_how how = { .flags = O_PATH | O_DIRECTORY | O_CLOEXEC,
-                                .resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS };
-        int fd = (int)syscall(SYS_openat2, dirfd, name, &how, sizeof(how));
-        if (fd < 0)
+        int fd = ktree_open_mount(dirfd, name);
+        if (fd < 0) {
+                errno = -fd;
                 return -1;
+        }
         struct statx sx;
         struct statfs sf;
         int r = -1;
