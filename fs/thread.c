@@ -27,22 +27,17 @@ void kfs_thread_init(void)
 
 int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg)
 {
-        pthread_attr_t a;
-        int e = pthread_attr_init(&a);
-        if (e)
-                return -e;
-        if (stack)
-                (void)pthread_attr_setstacksize(&a, stack);
-        bool pinned = start_cpus_ok && pthread_attr_setaffinity_np(&a, sizeof(start_cpus), &start_cpus) == 0;
-        e = pthread_create(th, &a, fn, arg);
-        pthread_attr_destroy(&a);
-        if (e == EINVAL && pinned) { /* the CPUs it started with are not all allowed any more */
-                if ((e = pthread_attr_init(&a)) == 0) {
-                        if (stack)
-                                (void)pthread_attr_setstacksize(&a, stack);
-                        e = pthread_create(th, &a, fn, arg);
-                        pthread_attr_destroy(&a);
-                }
+        for (bool pin = start_cpus_ok;; pin = false) {
+                pthread_attr_t a;
+                int e = pthread_attr_init(&a);
+                if (e)
+                        return -e;
+                if (stack)
+                        (void)pthread_attr_setstacksize(&a, stack);
+                bool pinned = pin && pthread_attr_setaffinity_np(&a, sizeof(start_cpus), &start_cpus) == 0;
+                e = pthread_create(th, &a, fn, arg);
+                pthread_attr_destroy(&a);
+                if (e != EINVAL || !pinned) /* EINVAL: the CPUs it started with are not all allowed any more */
+                        return -e;
         }
-        return -e;
 }
