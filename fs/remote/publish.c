@@ -388,14 +388,9 @@ static int publish_one(struct kfs *fs, const char *path)
                                         c = NULL;
                                 }
                         }
-                        atomic_fetch_add(first ? &r->publishes : &r->published_before, 1);
-                        if (first)
-                                atomic_fetch_add(&r->bytes_out, len);
                         size_t n = 0;
                         if (c)
                                 store_markers(c, ns.s, &u, &n);
-                        if (c && first)
-                                kfs_remote_forget_all(r);
                         bool ok = true;
                         for (size_t i = 0; i < n; i++) {
                                 redisReply *m = NULL;
@@ -408,8 +403,17 @@ static int publish_one(struct kfs *fs, const char *path)
                         if (!ok || !c) {
                                 if (c)
                                         kfs_remote_conn_failed(r, c);
-                                ret = -EAGAIN;
+                                atomic_fetch_add(&r->errors, 1);
+                                ret = -EAGAIN; /* tried again: then stored before, by this node */
                         } else {
+                                /* Counted only now, with the markers and the listing on the server too:
+                                 * a node that sees the count, or a reader told of it, finds every key of
+                                 * the unit (the directories' "D" above all, which a walk down asks first). */
+                                atomic_fetch_add(first ? &r->publishes : &r->published_before, 1);
+                                if (first) {
+                                        atomic_fetch_add(&r->bytes_out, len);
+                                        kfs_remote_forget_all(r);
+                                }
                                 pthread_mutex_lock(&r->memo_lock);
                                 if (r->memo.count > 65536) {
                                         kmap_free(&r->memo);

@@ -693,6 +693,41 @@ def test_kcache_remote_shows_the_server_the_namespace_and_its_use(kfs, redis):
     assert p.returncode == 1 and "no shared tier" in p.stderr, p
 
 
+def resp(sock, *args):
+    """One command on a held connection to the server (RESP); an integer reply's value."""
+    sock.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+    line = b""
+    while not line.endswith(b"\r\n"):
+        line += sock.recv(1)
+    assert line[:1] == b":", line
+    return int(line[1:-2])
+
+
+def test_a_publish_is_counted_only_once_every_key_of_it_is_on_the_server(kfs, redis):
+    """What a test, an operator or another node learns from the count (remote_publishes) must be true: the
+    directories' "D" keys and the listing are there too, not only the unit (CI saw another node miss the key
+    directory right after the count rose: the markers were still on their way)."""
+    a = node(kfs, redis)
+    os.makedirs(a.path("inductor"))
+    kcache("env", a.mnt, "inductor")
+    uid = os.getuid()
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(redis.sock)
+        for i in range(24):
+            d = f"inductor/fxgraph/{i:02x}/f{i:016x}"
+            os.makedirs(a.path(d))
+            with open(a.path(d, "entry.bin"), "wb") as f:
+                f.write(b"graph" * 100)
+            deadline = time.monotonic() + 20
+            while num(a, "remote_publishes") <= i:  # seen at once, as closely as the counter can be read
+                assert time.monotonic() < deadline, "the unit was never published"
+            keys = [f"kcfs:1:u{uid}:{d}/entry.bin"] + \
+                [f"kcfs:1:u{uid}:{'/'.join(d.split('/')[:n])}" for n in range(1, 5)] + \
+                [f"kcfsl:1:u{uid}:{d}"]
+            there = [k for k in keys if resp(s, b"EXISTS", k.encode())]
+            assert there == keys, (i, set(keys) - set(there))
+
+
 def test_a_directory_made_from_the_server_lists_what_was_published_in_it(kfs, redis):
     """Inductor finds an FX graph entry by listing its key directory, never by looking its name up: a
     directory made from the server brings the units published directly in it (LISTINGS)."""
