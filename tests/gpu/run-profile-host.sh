@@ -40,10 +40,13 @@ echo "host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2)
 T="$W/disk/mnt/tree"
 kb read "$T" >/dev/null
 kb read "$T" >/dev/null
+# KC_PROF_REPEAT=N: each operation N times while recording (its cache drop before each), for more samples
+REPEAT=${KC_PROF_REPEAT:-1}
 for op in $OPS; do
+  drop=
   case $op in
-    cold) sync; echo 3 >/proc/sys/vm/drop_caches; run=(read "$T") ;;
-    lookup) sync; echo 2 >/proc/sys/vm/drop_caches; run=(stat "$T") ;; # LOOKUPs, the disk's blocks cached
+    cold) drop=3; run=(read "$T") ;;
+    lookup) drop=2; run=(stat "$T") ;; # LOOKUPs, the disk's blocks cached
     hit) run=(hit "$T") ;;
     parread8) run=(parread "$T" 8) ;;
     parread32) run=(parread "$T" 32) ;;
@@ -51,10 +54,15 @@ for op in $OPS; do
     *) echo "unknown operation $op" >&2; exit 2 ;;
   esac
   before=$(requests)
+  [ -z "$drop" ] || { sync; echo $drop >/proc/sys/vm/drop_caches; }
   LD_LIBRARY_PATH="$C/perf/lib" "$PERF" record -F 4999 -g -p "$pid" -o "$W/perf-$op.data" >/dev/null 2>&1 &
   rec=$!
   sleep 1
-  secs=$(kb "${run[@]}")
+  secs=
+  for i in $(seq "$REPEAT"); do
+    [ "$i" = 1 ] || [ -z "$drop" ] || { sync; echo $drop >/proc/sys/vm/drop_caches; }
+    secs="$secs $(kb "${run[@]}")"
+  done
   kill -INT $rec
   wait $rec || true
   after=$(requests)
