@@ -52,13 +52,6 @@
  * 11,600 refreshes for 17,600 releases (bench/JOURNAL.md, fourth round); a file read again that soon is
  * read by a burst, in which the next release drops the refreshed attributes anyway. Those two leave the
  * file dropped, and count nowhere. The queue holds QUEUE_MAX files at most; past it, releases only drop.
- * (IDLE) The child runs under SCHED_IDLE: a refresh only saves a later fstat a round trip, so it takes
- * only what CPU the readers leave. Where they leave none (8 or 32 readers of one tree, no fstat among
- * them, on fewer cores), the child's batch waits, the queue fills and releases only drop, instead of
- * each refresh taking a reader's turn; where a core is idle (a runtime's hits, one process), the refresh
- * runs there, and never preempts the reader on its own core. The daemon's refresher thread stays a
- * normal thread: it takes refresh.lock, which every release takes too. A batch the child never gets the
- * CPU for within ANSWER_MS ends the child as stuck, as one that hung would.
  * The thread and the child start at the first release that needs them, not at mount: under a tasks
  * limit (systemd's TasksMax) a thread made at mount may be the one libfuse then cannot make. A child that
  * cannot start or dies is tried again after RETRY_NS, doubled at each failure in a row (a log line each
@@ -72,7 +65,6 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -529,9 +521,6 @@ int kfs_refresh_child(const char *devs)
                 return 2;
         dev_t dev = makedev(ma, mi_);
         prctl(PR_SET_NAME, "kcachefs-rfr"); /* exec'd as /proc/self/exe: "exe" otherwise */
-        /* (IDLE) A refresh is a prefetch: it runs on what the readers leave of the CPUs. Any process may
-         * lower its own policy; if this one cannot, the child refreshes as before. */
-        (void)sched_setscheduler(0, SCHED_IDLE, &(struct sched_param){ .sched_priority = 0 });
         signal(SIGHUP, SIG_IGN); /* the daemon's (its terminal's, with -f): the child ends with the mount */
         signal(SIGINT, SIG_IGN);
         struct statx sx;

@@ -281,22 +281,6 @@ def refresh_child(m):
     return None
 
 
-def test_the_refresher_takes_only_the_cpu_readers_leave(kfs):
-    """A refresh is a prefetch (fs/refresh.c, IDLE): the child runs under SCHED_IDLE, so that readers
-    that never fstat (8 or 32 ranks on a few cores) do not give their turns to it."""
-    if os.geteuid() != 0:
-        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
-    m = kfs({})
-    path = m.path("k.bin")
-    with open(path, "wb") as f:
-        f.write(b"k" * 4096)
-    hit_and_wait(m, path, False, b"k" * 4096)
-    child = refresh_child(m)
-    assert child, "no refresher after a hit"
-    assert os.sched_getscheduler(child) == os.SCHED_IDLE
-    assert os.sched_getscheduler(m.pid()) == os.SCHED_OTHER  # the daemon's own threads are not idle
-
-
 def test_the_refresher_killed_comes_back_and_goes_at_unmount(kfs):
     """Killing the child costs nothing but drops: the files it held are dropped (stat shows the logged
     atime all the same), a new child starts a few seconds later, and at unmount the child and the daemon
