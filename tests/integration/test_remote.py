@@ -523,7 +523,10 @@ def test_a_process_of_the_compiling_node_waits_for_that_compile(kfs, redis, rel,
     too."""
     m, d, compiler = one_node_herd(kfs, redis, rel, name)
     waiter = probe(d, name=name)
-    time.sleep(1)
+    # Waiting once the daemon holds its lookup, not after a fixed time: a loaded machine may start the
+    # probe's Python later than a second (the last full run had it measure 0.49 s of a wait).
+    wait_for(lambda: num(m, "herd_waits") >= 1, timeout=30, what="the second process's lookup held")
+    time.sleep(0.5)
     assert waiter.poll() is None, "the second process did not wait for the compile"
     compiler.stdin.write("go\n")
     compiler.stdin.flush()
