@@ -363,7 +363,8 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                 else if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0)
                         printf("reads       through the page cache (passthrough %s)\n", pt);
                 if (kc_get(mount, "transport", pt, sizeof(pt)) > 0)
-                        printf("requests    %s, %" PRIu64 " through the rings\n", pt, kc_num(mount, "ring_requests"));
+                        printf("requests    %s, %" PRIu64 " through the rings (%" PRIu64 " without libfuse)\n", pt,
+                               kc_num(mount, "ring_requests"), kc_num(mount, "direct_requests"));
                 kc_human(kc_num(mount, "index_bytes"), a, sizeof(a));
                 kc_human(kc_num(mount, "wal_bytes"), b, sizeof(b));
                 printf("index       %s on disk (%s of it write-ahead log), ", a, b);

@@ -11,9 +11,16 @@
 #define FK_PASSTHROUGH_FLAGS2 (1u << (37 - 32))   /* FUSE_PASSTHROUGH */
 #define FK_OVER_IO_URING_FLAGS2 (1u << (41 - 32)) /* FUSE_OVER_IO_URING */
 #define FK_HANDLE_KILLPRIV_V2 (1u << 28)           /* flags: we kill suid/sgid/caps on write/truncate (7.33) */
+#define FK_OPEN 14                                /* opcodes answered without libfuse (direct.c) */
+#define FK_RELEASE 18
 #define FK_FOPEN_DIRECT_IO (1u << 0)
 #define FK_FOPEN_KEEP_CACHE (1u << 1)
+#define FK_FOPEN_NONSEEKABLE (1u << 2)
+#define FK_FOPEN_CACHE_DIR (1u << 3)
+#define FK_FOPEN_NOFLUSH (1u << 5)
 #define FK_FOPEN_PASSTHROUGH (1u << 7)
+#define FK_RELEASE_FLUSH (1u << 0)                /* fk_release_in.release_flags */
+#define FK_RELEASE_FLOCK_UNLOCK (1u << 1)
 
 #define FK_NOTIFY_PRUNE 9                         /* notify code (7.45) */
 
@@ -45,6 +52,16 @@ struct fk_init_out { /* up to max_stack_depth; the rest is left as libfuse wrote
         uint32_t max_write, time_gran;
         uint16_t max_pages, map_alignment;
         uint32_t flags2, max_stack_depth;
+};
+
+struct fk_open_in {
+        uint32_t flags, open_flags;
+};
+
+struct fk_release_in {
+        uint64_t fh;
+        uint32_t flags, release_flags;
+        uint64_t lock_owner;
 };
 
 struct fk_open_out {
@@ -87,5 +104,7 @@ struct fk_uring_cmd_req {
 _Static_assert(sizeof(struct fk_in_header) == 40, "fuse_in_header");
 _Static_assert(sizeof(struct fk_init_out) == 40, "fuse_init_out up to max_stack_depth");
 _Static_assert(sizeof(struct fk_open_out) == 16, "fuse_open_out");
+_Static_assert(sizeof(struct fk_open_in) == 8, "fuse_open_in");
+_Static_assert(sizeof(struct fk_release_in) == 24, "fuse_release_in");
 _Static_assert(sizeof(struct fk_uring_req_header) == 288, "fuse_uring_req_header");
 _Static_assert(sizeof(struct fk_uring_cmd_req) == 24, "fuse_uring_cmd_req");

@@ -260,6 +260,8 @@ struct kfs {
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
+        bool direct;              /* the rings answer OPEN and RELEASE without libfuse (direct.c) */
+        _Atomic uint64_t direct_requests; /* of the ring's requests, those (direct.c) */
         _Atomic uint64_t requests[KFS_OPCODES]; /* requests the kernel sent, by opcode (kfs_count_request) */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
         /* The mount as the daemon's helpers reach it after mount (refresh.c's clones, ring.c's nudges), in
@@ -603,6 +605,13 @@ bool kfs_ring_wanted(struct kfs *fs);
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
 /* Sends a reply: into its ring entry if the request came through a ring, else to fd. */
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);
+/* direct.c: an OPEN or RELEASE that came through a ring (in, its first argument arg of arglen bytes),
+ * answered without libfuse: the reply's header in out and its body in body (at least 16 bytes); returns
+ * the body's length, or -ENOSYS for any other request, which libfuse then runs. */
+struct fk_in_header;
+struct fk_out_header;
+int kfs_direct(struct kfs *fs, const struct fk_in_header *in, const void *arg, size_t arglen,
+               struct fk_out_header *out, void *body);
 /* Stops the ring threads (after the session loop). */
 void kfs_ring_stop(struct kfs *fs);
 /* Joins the nudges and frees the ring (once the session's /dev/fuse is closed: a nudge's request ends
@@ -626,6 +635,9 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
  * file must be registered. Returns the backing id the reply must carry (passthrough mode), or 0
  * (page-cache mode). */
 int32_t kfs_pt_open(struct kfs *fs, struct kfs_inode *in, int *fd, int flags, bool writer);
+/* An OPEN or CREATE reply's fuse_open_out made a passthrough one, with backing_id (not 0). */
+struct fk_open_out;
+void kfs_pt_fill(struct fk_open_out *o, int32_t backing_id);
 /* The next reply this thread sends to OPEN or CREATE carries backing_id (0: none). */
 void kfs_pt_reply_next(int32_t backing_id);
 /* An open counted by kfs_pt_open ended (released, or its reply never reached the kernel). */
@@ -720,7 +732,7 @@ void kfs_op_rename(fuse_req_t req, fuse_ino_t parent, const char *name, fuse_ino
 void kfs_op_link(fuse_req_t req, fuse_ino_t ino, fuse_ino_t newparent, const char *newname);
 /* Clears setuid and setgid (with group execute) after a write or truncate by a caller other than root,
  * for a root daemon; fd may be an O_PATH one if proc names it (ops-io.c, SETUID). */
-void kfs_kill_suid(fuse_req_t req, int fd, const char *proc);
+void kfs_kill_suid(uid_t caller, int fd, const char *proc);
 void kfs_op_opendir(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
 void kfs_op_readdirplus(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
@@ -730,6 +742,20 @@ void kfs_op_statfs(fuse_req_t req, fuse_ino_t ino);
 void kfs_op_access(fuse_req_t req, fuse_ino_t ino, int mask);
 void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi);
 void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi);
+/* Who sent a request, for the handlers that also run without libfuse (direct.c). */
+struct kfs_caller {
+        pid_t pid;
+        uid_t uid;
+};
+/* OPEN without its reply (kfs_op_open, direct.c): 0 with fi's handle and flags filled and *backing_id
+ * the id the reply carries (0: page-cache mode), or -errno. A reply that never reached the kernel (the
+ * opener was interrupted) is taken back with kfs_open_undo. */
+int kfs_open_call(struct kfs *fs, const struct kfs_caller *c, fuse_ino_t ino, struct fuse_file_info *fi,
+                  int32_t *backing_id);
+void kfs_open_undo(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi, int32_t backing_id);
+/* RELEASE without its reply (kfs_op_release, direct.c): true if, once replied, the inode must be handed
+ * to kfs_kprune_later (evicted, and no longer open). */
+bool kfs_release_call(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi);
 void kfs_op_read(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi);
 void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, off_t off,
                       struct fuse_file_info *fi);

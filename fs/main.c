@@ -321,6 +321,20 @@ static void mark_lock(int lock_fd, const char *state, const char *mnt)
         /* not said: a remount then fails at once, as it always did */
 }
 
+/* Whether libfuse's allow_root is among the options (direct.c: the rings then leave its check to libfuse). */
+static bool allow_root(const struct fuse_args *args)
+{
+        struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
+        struct { int on; } seen = { 0 };
+        const struct fuse_opt spec[] = { { "allow_root", 0, 1 }, FUSE_OPT_END };
+        bool ok = true;
+        for (int i = 0; i < args->argc && ok; i++)
+                ok = fuse_opt_add_arg(&copy, args->argv[i]) == 0;
+        ok = ok && fuse_opt_parse(&copy, &seen, spec, NULL) == 0;
+        fuse_opt_free_args(&copy);
+        return !ok || seen.on; /* unsure: as if it were */
+}
+
 /* libfuse's own -o options, checked before anything is made: a session is made and thrown away (it
  * mounts nothing). An unknown option used to fail only after the index had been created. */
 static int check_fuse_opts(struct fuse_args *args)
@@ -857,6 +871,7 @@ int main(int argc, char *argv[])
          * Everything the daemon makes for itself was made above, or is made by SQLite with 0644. */
         umask(0);
 
+        fs.direct = !cmd.debug && !allow_root(&args); /* (direct.c); before the session takes its options */
         fs.se = fuse_session_new(&args, &kfs_ops, sizeof(kfs_ops), &fs);
         if (!fs.se)
                 goto out_idx;

@@ -301,7 +301,7 @@ void kfs_op_setattr(fuse_req_t req, fuse_ino_t ino, struct stat *attr, int valid
                 errno = e;
                 if (r < 0)
                         goto err;
-                kfs_kill_suid(req, fi ? fd : pfd, fi ? NULL : proc); /* (ops-io.c, SETUID) */
+                kfs_kill_suid(fuse_req_ctx(req)->uid, fi ? fd : pfd, fi ? NULL : proc); /* (ops-io.c, SETUID) */
                 kfs_settle_note(fs, in);
         }
         if (valid & (FUSE_SET_ATTR_ATIME | FUSE_SET_ATTR_MTIME)) {

@@ -76,10 +76,10 @@ static uint64_t estimate(struct kfs_inode *in, uint64_t off, uint64_t len)
         return need < cap ? need : cap;
 }
 
-void kfs_kill_suid(fuse_req_t req, int fd, const char *proc)
+void kfs_kill_suid(uid_t caller, int fd, const char *proc)
 {
         struct stat st;
-        if (fuse_req_ctx(req)->uid == 0 || geteuid() != 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        if (caller == 0 || geteuid() != 0 || fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
                 return;
         bool sgid = (st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP);
         mode_t kill = (st.st_mode & S_ISUID) | (sgid ? S_ISGID : 0);
@@ -128,7 +128,8 @@ static bool refresh(struct kfs *fs, struct kfs_inode *in, int fd)
         return keep;
 }
 
-static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
+/* The kernel hears of the new atime at RELEASE (ATIME). */
+static void log_open(struct kfs *fs, struct kfs_inode *in)
 {
         if (fs->o.nolog)
                 return;
@@ -136,24 +137,22 @@ static void log_open(fuse_req_t req, struct kfs *fs, struct kfs_inode *in, fuse_
         kidx_touch(fs->idx, in->bino, now, 1, 0);
         atomic_store(&in->atime_ns, now);
         kfs_remote_touch(fs, in->bino); /* the shared tier hears of it too (remote/touch.c) */
-        (void)req;
-        (void)ino; /* the kernel hears of the new atime at RELEASE (ATIME) */
 }
 
-void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+int kfs_open_call(struct kfs *fs, const struct kfs_caller *c, fuse_ino_t ino, struct fuse_file_info *fi,
+                  int32_t *backing_id)
 {
-        struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         int flags = kfs_backing_flags(fi->flags & ~(O_CREAT | O_EXCL | O_NOFOLLOW));
         bool writer = is_writer(flags);
 
+        *backing_id = 0;
         pthread_mutex_lock(&fs->itable_lock);
         if (in->evicted) {
                 /* Evicted after the kernel looked it up: ESTALE makes the VFS look the name up again,
                  * which finds it gone (ENOENT, or a new file for O_CREAT). */
                 pthread_mutex_unlock(&fs->itable_lock);
-                fuse_reply_err(req, ESTALE);
-                return;
+                return -ESTALE;
         }
         if (writer)
                 in->writers++;
@@ -166,11 +165,11 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         int fd = maybe_lazy ? -1 : kfs_inode_open(fs, in, flags);
         if (fd < 0 && !maybe_lazy)
                 goto fail;
-        kev_writer = fuse_req_ctx(req)->pid;
+        kev_writer = c->pid;
         bool keep = refresh(fs, in, fd) && !(flags & O_TRUNC);
         kev_writer = 0;
         if ((flags & O_TRUNC) && fd >= 0)
-                kfs_kill_suid(req, fd, NULL); /* (SETUID) */
+                kfs_kill_suid(c->uid, fd, NULL); /* (SETUID) */
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, writer);
         struct kfs_handle *h = NULL;
         if (pt && !writer && (h = malloc(sizeof(*h)))) {
@@ -187,22 +186,42 @@ void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         fi->direct_io = pt ? writer : in->bookkeeping;
         fi->noflush = 1; /* writes reach the backing file at once: close() has nothing to flush */
         fi->fh = h ? (uint64_t)(uintptr_t)h | KFS_FH_LAZY : (uint64_t)fd | (pt ? KFS_FH_PT : 0);
-        log_open(req, fs, in, ino);
-        kfs_pt_reply_next(pt);
-        int r = fuse_reply_open(req, fi);
-        kfs_pt_reply_next(0);
-        if (r == -ENOENT) {
-                /* The opener was interrupted: the kernel will never release this handle. */
-                if (fd >= 0)
-                        close(fd);
-                free(h);
-                count_open(fs, in, writer, -1);
-                kfs_pt_release(fs, in, pt != 0);
-        }
-        return;
+        log_open(fs, in);
+        *backing_id = pt;
+        return 0;
 fail:
         count_open(fs, in, writer, -1);
-        fuse_reply_err(req, -fd);
+        return fd;
+}
+
+void kfs_open_undo(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi, int32_t backing_id)
+{
+        struct kfs_inode *in = kfs_inode_get(fs, ino);
+        struct kfs_handle *h = kfs_lazy_handle(fi);
+        int fd = h ? atomic_load(&h->fd) : (int)(uint32_t)fi->fh;
+        if (fd >= 0)
+                close(fd);
+        free(h);
+        count_open(fs, in, is_writer(fi->flags), -1);
+        kfs_pt_release(fs, in, backing_id != 0);
+}
+
+void kfs_op_open(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        const struct fuse_ctx *ctx = fuse_req_ctx(req);
+        struct kfs_caller c = { .pid = ctx->pid, .uid = ctx->uid };
+        int32_t pt;
+        int r = kfs_open_call(fs, &c, ino, fi, &pt);
+        if (r < 0) {
+                fuse_reply_err(req, -r);
+                return;
+        }
+        kfs_pt_reply_next(pt);
+        r = fuse_reply_open(req, fi);
+        kfs_pt_reply_next(0);
+        if (r == -ENOENT) /* The opener was interrupted: the kernel will never release this handle. */
+                kfs_open_undo(fs, ino, fi, pt);
 }
 
 void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t mode, struct fuse_file_info *fi)
@@ -266,9 +285,9 @@ void kfs_op_create(fuse_req_t req, fuse_ino_t parent, const char *name, mode_t m
         /* A new file is in no mode yet; one that existed may be open in passthrough mode already. */
         int32_t pt = kfs_pt_open(fs, in, &fd, flags, true);
         if (!created)
-                log_open(req, fs, in, e.ino);
+                log_open(fs, in);
         if (!created && (flags & O_TRUNC))
-                kfs_kill_suid(req, fd, NULL); /* (SETUID) */
+                kfs_kill_suid(fuse_req_ctx(req)->uid, fd, NULL); /* (SETUID) */
         bool direct = created && (flags & O_ACCMODE) == O_WRONLY && !pt; /* (CREATED FILES) */
         fi->fh = (uint64_t)fd | (pt ? KFS_FH_PT : 0) | (direct ? KFS_FH_DIRECT : 0);
         fi->direct_io = pt != 0 || in->bookkeeping || direct;
@@ -400,7 +419,7 @@ void kfs_op_write_buf(fuse_req_t req, fuse_ino_t ino, struct fuse_bufvec *bufv, 
                 return;
         }
         if (res > 0)
-                kfs_kill_suid(req, op.fd, NULL); /* (SETUID) */
+                kfs_kill_suid(fuse_req_ctx(req)->uid, op.fd, NULL); /* (SETUID) */
         if (res > 0 && (fi->fh & KFS_FH_DIRECT) && !kfs_lazy_handle(fi)) {
                 pthread_mutex_lock(&in->lock);
                 in->cache_ok = false; /* what readers cached of this range is stale (CREATED FILES) */
@@ -458,9 +477,8 @@ void kfs_op_fsync(fuse_req_t req, fuse_ino_t ino, int datasync, struct fuse_file
         fuse_reply_err(req, fd < 0 ? -fd : (datasync ? fdatasync(fd) : fsync(fd)) < 0 ? errno : 0);
 }
 
-void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+bool kfs_release_call(struct kfs *fs, fuse_ino_t ino, struct fuse_file_info *fi)
 {
-        struct kfs *fs = kfs_of(req);
         struct kfs_inode *in = kfs_inode_get(fs, ino);
         struct kfs_handle *h = kfs_lazy_handle(fi);
         bool pt = h || (fi->fh & KFS_FH_PT);
@@ -486,7 +504,14 @@ void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
         bool evicted = count_open(fs, in, is_writer(fi->flags), -1);
         kfs_refresh_release(fs, in, ino, is_writer(fi->flags)); /* (ATIME) before the reply: nothing may
                                                                    forget the inode meanwhile */
+        return evicted;
+}
+
+void kfs_op_release(fuse_req_t req, fuse_ino_t ino, struct fuse_file_info *fi)
+{
+        struct kfs *fs = kfs_of(req);
+        bool evicted = kfs_release_call(fs, ino, fi);
         fuse_reply_err(req, 0);
-        if (evicted) /* the kernel may forget it now (kprune.c); in may be freed once replied */
+        if (evicted) /* the kernel may forget it now (kprune.c); the inode may be freed once replied */
                 kfs_kprune_later(fs, ino);
 }

@@ -82,10 +82,14 @@ const struct iovec *kfs_pt_amend(const struct iovec *iov, int count, struct iove
         memcpy(v, iov, sizeof(*v) * (size_t)count);
         memcpy(body, iov[count - 1].iov_base, last);
         v[count - 1].iov_base = body;
-        struct fk_open_out *o = (void *)(body + last - sizeof(*o));
-        o->open_flags = (o->open_flags & ~FK_FOPEN_KEEP_CACHE) | FK_FOPEN_PASSTHROUGH;
-        o->backing_id = id;
+        kfs_pt_fill((void *)(body + last - sizeof(struct fk_open_out)), id);
         return v;
+}
+
+void kfs_pt_fill(struct fk_open_out *o, int32_t backing_id)
+{
+        o->open_flags = (o->open_flags & ~FK_FOPEN_KEEP_CACHE) | FK_FOPEN_PASSTHROUGH;
+        o->backing_id = backing_id;
 }
 
 void kfs_pt_setup(struct kfs *fs)

@@ -279,7 +279,8 @@ static void commit(struct ring_thread *t, struct ring_ent *e)
         sqe_cmd(t, e, FK_URING_CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
 }
 
-/* A request is in e: rebuild it in /dev/fuse's layout right before the payload and let libfuse run it. */
+/* A request is in e: OPEN and RELEASE answered here (direct.c); any other rebuilt in /dev/fuse's layout right
+ * before the payload, and run by libfuse. */
 static void handle(struct ring_thread *t, struct ring_ent *e)
 {
         struct fk_in_header in;
@@ -294,12 +295,22 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
                 commit(t, e);
                 return;
         }
+        atomic_fetch_add_explicit(&t->fs->ring_requests, 1, memory_order_relaxed);
+        kfs_count_request(t->fs, in.opcode, in.pid);
+        if (t->fs->direct && (in.opcode == FK_OPEN || in.opcode == FK_RELEASE)) { /* (direct.c) */
+                struct fk_out_header o;
+                int n = kfs_direct(t->fs, &in, e->hdr.op_in, op, &o, e->area + RING_ROOM);
+                if (n >= 0) {
+                        memcpy(e->hdr.in_out, &o, sizeof(o));
+                        e->hdr.ent.payload_sz = (uint32_t)n;
+                        commit(t, e);
+                        return;
+                }
+        }
         char *start = e->area + RING_ROOM - sizeof(in) - op;
         memcpy(start, &in, sizeof(in));
         memcpy(start + sizeof(in), e->hdr.op_in, op);
         struct fuse_buf b = { .size = in.len, .mem = start };
-        atomic_fetch_add_explicit(&t->fs->ring_requests, 1, memory_order_relaxed);
-        kfs_count_request(t->fs, in.opcode, in.pid);
         e->replied = false;
         atomic_store(&e->unique, in.unique);
         cur_ent = e;

@@ -389,3 +389,60 @@ def test_a_tasks_limit_that_leaves_a_queue_without_a_thread_falls_back(workdir):
         assert "/dev/fuse" in seen  # the smallest limits leave a queue without a thread
     finally:
         os.rmdir(cg)
+
+
+def direct_requests(m):
+    return int(os.getxattr(m.mnt, "user.kcachefs.direct_requests"))
+
+
+@pytest.mark.parametrize("reads", ["passthrough", "page cache"])
+def test_opens_and_releases_on_the_rings_are_answered_without_libfuse(ringmount, reads):
+    """fs/direct.c: every OPEN and RELEASE that comes through a ring is answered by the daemon itself, and
+    its reply says what libfuse's would: a passthrough open reads with no READ to the daemon (the backing
+    id and FOPEN_PASSTHROUGH reached the kernel), a page-cache open of an unchanged file keeps its pages
+    (FOPEN_KEEP_CACHE), and every handle is released (the descriptors the daemon holds come back)."""
+    m = ringmount({"nopassthrough": reads == "page cache"})
+    data = {f"k{i}": os.urandom(4096 + i) for i in range(40)}
+    for n, d in data.items():
+        with open(m.path(n), "wb") as f:
+            f.write(d)
+    for n, d in data.items():  # a first read: the page cache fills (or passthrough registers)
+        with open(m.path(n), "rb") as f:
+            assert f.read() == d
+    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0) + requests(m).get("CREATE", 0),
+             what="every RELEASE")
+    before, direct = requests(m), direct_requests(m)
+    for _ in range(3):
+        for n, d in data.items():
+            with open(m.path(n), "rb") as f:
+                assert f.read() == d
+    wait_for(lambda: requests(m).get("RELEASE", 0) - before.get("RELEASE", 0) >= 3 * len(data),
+             what="the hits' RELEASEs")
+    after = requests(m)
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+    assert d.get("OPEN") == d.get("RELEASE") == 3 * len(data), d
+    assert direct_requests(m) - direct == 2 * 3 * len(data)
+    assert d.get("READ", 0) == 0, d  # passthrough: the kernel read the backing files; page cache: kept
+    assert "matches" in subprocess.run([os.path.join(os.path.dirname(kcachefs_bin()), "kcache"), "verify", m.mnt],
+                                       capture_output=True, text=True, timeout=60).stdout
+
+
+def test_allow_root_leaves_every_request_to_libfuse(ringmount):
+    """libfuse's allow_root refuses every user but the mount's owner and root, in libfuse: with it, the
+    rings hand OPEN to libfuse too (main.c), so another user's open of a name root looked up (the kernel
+    holds the dentry: no LOOKUP for libfuse to refuse) is still refused."""
+    from conftest import ensure_user
+    m = ringmount({"allow_root": True})
+    os.chmod(m.mnt, 0o1777)
+    with open(m.path("k"), "wb") as f:
+        f.write(b"k" * 100)
+    os.chmod(m.path("k"), 0o644)
+    with open(m.path("k"), "rb") as f:
+        assert f.read() == b"k" * 100
+    alice = ensure_user("kcfs-alice")
+    p = subprocess.run(["runuser", "-u", alice.pw_name, "--", "/usr/bin/python3", "-c",
+                        "import sys\ntry:\n    open(sys.argv[1], 'rb').read()\n    print(0)\n"
+                        "except OSError as e:\n    print(e.errno)", m.path("k")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == str(__import__("errno").EACCES), (p.stdout, p.stderr)
+    assert direct_requests(m) == 0
