@@ -96,6 +96,7 @@ static const struct { const char *key, *type, *help; } METRICS[] = {
         { "passthrough_opens", "counter", "Opens served by kernel passthrough." },
         { "ring_requests", "counter", "Requests served through io_uring." },
         { "direct_requests", "counter", "Of the io_uring requests, OPENs and RELEASEs answered without libfuse." },
+        { "direct_interrupts", "counter", "INTERRUPTs for requests answered without libfuse, kept from libfuse." },
         { "refreshed", "counter", "Files whose attributes the kernel got anew after a release." },
         { "refresh_dropped", "counter", "Files whose attributes were dropped at release instead of refreshed." },
         { "helped_writes", "counter", "Writes granted room by another request's eviction." },

@@ -362,9 +362,13 @@ static int kc_cmd_stats(const struct kc_verb *v, int argc, char **argv)
                         printf("reads       kernel passthrough (%" PRIu64 " opens)\n", kc_num(mount, "passthrough_opens"));
                 else if (kc_get(mount, "passthrough", pt, sizeof(pt)) > 0)
                         printf("reads       through the page cache (passthrough %s)\n", pt);
-                if (kc_get(mount, "transport", pt, sizeof(pt)) > 0)
-                        printf("requests    %s, %" PRIu64 " through the rings (%" PRIu64 " without libfuse)\n", pt,
-                               kc_num(mount, "ring_requests"), kc_num(mount, "direct_requests"));
+                if (kc_get(mount, "transport", pt, sizeof(pt)) > 0) {
+                        uint64_t ring = kc_num(mount, "ring_requests"), direct = kc_num(mount, "direct_requests");
+                        printf("requests    %s, %" PRIu64 " through the rings", pt, ring);
+                        if (direct) /* 0 where libfuse answers everything: -d, allow_root, /dev/fuse */
+                                printf(" (%" PRIu64 " of them without libfuse)", direct);
+                        printf("\n");
+                }
                 kc_human(kc_num(mount, "index_bytes"), a, sizeof(a));
                 kc_human(kc_num(mount, "wal_bytes"), b, sizeof(b));
                 printf("index       %s on disk (%s of it write-ahead log), ", a, b);

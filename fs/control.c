@@ -8,7 +8,8 @@
  *                      evicted_files, evicted_bytes, rebuilds, index (path), passthrough ("on" or
  *                      "off: why"), passthrough_opens, transport ("io_uring (N queues)" or
  *                      "/dev/fuse" with why), ring_requests, direct_requests (of those, OPENs and
- *                      RELEASEs answered without libfuse: direct.c), requests (what the kernel sent, by
+ *                      RELEASEs answered without libfuse: direct.c), direct_interrupts (INTERRUPTs
+ *                      for them, kept from libfuse), requests (what the kernel sent, by
  *                      opcode: "OPEN 3 GETATTR 1 ..."; devio.c; OWN: the daemon's own child's),
  *                      refreshed, refresh_dropped (files whose attributes the kernel got anew after a
  *                      release, or dropped instead: refresh.c), helped_writes (writes granted room by
@@ -63,7 +64,7 @@
 
 static const char *const ROOT_NAMES[] = { "version", "max_bytes", "used_bytes", "free_bytes", "files", "opens",
                                           "bytes_read", "evicted_files", "evicted_bytes", "rebuilds", "index",
-                                          "passthrough", "passthrough_opens", "transport", "ring_requests", "direct_requests", "requests",
+                                          "passthrough", "passthrough_opens", "transport", "ring_requests", "direct_requests", "direct_interrupts", "requests",
                                           "refreshed", "refresh_dropped",
                                           "helped_writes", "blocked_writes", "background_evictions",
                                           "index_bytes", "wal_bytes", "inode_fds", "fd_reopens", "inodes",
@@ -121,6 +122,7 @@ static int stats_json(struct kfs *fs, char *buf, size_t size)
                 { "transport", kfs_ring_state(fs, how, sizeof(how)), 0 },
                 { "ring_requests", NULL, atomic_load(&fs->ring_requests) },
                 { "direct_requests", NULL, atomic_load(&fs->direct_requests) },
+                { "direct_interrupts", NULL, atomic_load(&fs->direct_interrupts) },
                 { "refreshed", NULL, atomic_load(&fs->refresh.sent) },
                 { "refresh_dropped", NULL, atomic_load(&fs->refresh.dropped) },
                 { "helped_writes", NULL, ec.helped_writes }, { "blocked_writes", NULL, ec.blocked_writes },
@@ -200,6 +202,7 @@ static int root_value(struct kfs *fs, const char *n, char *buf, size_t size)
                 { "passthrough_opens", atomic_load(&fs->pt.opens) },
                 { "ring_requests", atomic_load(&fs->ring_requests) },
                 { "direct_requests", atomic_load(&fs->direct_requests) },
+                { "direct_interrupts", atomic_load(&fs->direct_interrupts) },
                 { "refreshed", atomic_load(&fs->refresh.sent) },
                 { "refresh_dropped", atomic_load(&fs->refresh.dropped) },
                 { "helped_writes", ec.helped_writes },
@@ -374,7 +377,7 @@ static int parse_bool(const char *v, size_t size, bool *ret)
 
 /* kcache zero: every counter of the statistics (opens, bytes_read, evicted_*, rebuilds, helped_writes,
  * blocked_writes, background_evictions, refetch*, suggested_max_bytes, refused_*, passthrough_opens,
- * ring_requests, direct_requests, requests, refreshed, refresh_dropped, fd_reopens, pruned_names, remote_*) back to 0. Not
+ * ring_requests, direct_requests, direct_interrupts, requests, refreshed, refresh_dropped, fd_reopens, pruned_names, remote_*) back to 0. Not
  * the gauges (max, used and free bytes, files, the index's size, descriptors, inodes) nor anything
  * eviction reads (the index's totals and seq, misses.c's window): these only count. Each counter is zeroed on its own, not all in one instant: an
  * operation in flight may be counted on either side of the zero. */
@@ -384,6 +387,7 @@ static int zero_counters(struct kfs *fs)
         atomic_store(&fs->pt.opens, 0);
         atomic_store(&fs->ring_requests, 0);
         atomic_store(&fs->direct_requests, 0);
+        atomic_store(&fs->direct_interrupts, 0);
         atomic_store(&fs->refresh.sent, 0);
         atomic_store(&fs->refresh.dropped, 0);
         for (unsigned op = 0; op < KFS_OPCODES; op++)

@@ -12,7 +12,8 @@
  *   - a reply to a request that came through a ring goes into that ring's entry (ring.c), every other
  *     one (and every notification) to /dev/fuse.
  * Our read also counts the requests by opcode (user.kcachefs.requests; ring.c counts those of the rings),
- * which is why the hooks are installed even with both features switched off. */
+ * which is why the hooks are installed even with both features switched off, and keeps from libfuse an
+ * INTERRUPT for a request the daemon answered itself (direct.c, INTERRUPT). */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -66,13 +67,31 @@ int kfs_requests_text(struct kfs *fs, char *buf, size_t size)
         return (int)len;
 }
 
+/* Whether the request in buf (n bytes) is an INTERRUPT for a request answered without libfuse: kept from
+ * libfuse (direct.c, INTERRUPT). */
+static bool direct_interrupt(struct kfs *fs, const void *buf, ssize_t n)
+{
+        const struct fk_in_header *h = buf;
+        uint64_t unique;
+        if (n < (ssize_t)(sizeof(*h) + sizeof(unique)) || h->opcode != FK_INTERRUPT)
+                return false;
+        memcpy(&unique, h + 1, sizeof(unique));
+        return kfs_direct_owns(fs, unique);
+}
+
 static ssize_t dev_read(int fd, void *buf, size_t len, void *ud)
 {
-        ssize_t n = read(fd, buf, len);
         struct kfs *fs = ud;
-        if (n >= (ssize_t)sizeof(struct fk_in_header))
-                kfs_count_request(fs, ((const struct fk_in_header *)buf)->opcode,
-                                  ((const struct fk_in_header *)buf)->pid);
+        ssize_t n;
+        for (;;) {
+                n = read(fd, buf, len);
+                if (n >= (ssize_t)sizeof(struct fk_in_header))
+                        kfs_count_request(fs, ((const struct fk_in_header *)buf)->opcode,
+                                          ((const struct fk_in_header *)buf)->pid);
+                if (!direct_interrupt(fs, buf, n))
+                        break;
+                atomic_fetch_add_explicit(&fs->direct_interrupts, 1, memory_order_relaxed);
+        }
         if (n >= (ssize_t)(sizeof(struct fk_in_header) + sizeof(struct fk_init_in)) && !fs->devio.init_seen) {
                 const struct fk_in_header *h = buf;
                 if (h->opcode == FK_INIT) {

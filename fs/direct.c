@@ -16,15 +16,27 @@
  * /dev/fuse, goes through libfuse as before.
  *
  * WHAT LIBFUSE DID THAT STAYS TRUE.
- *   - INTERRUPT: neither handler waits on anything a signal could end. An INTERRUPT for one of these
- *     requests finds no listed request; libfuse keeps it and answers it EAGAIN at the next request it
- *     runs, and the kernel, for which the request is over by then, drops that answer.
+ *   - INTERRUPT: libfuse finds the request an INTERRUPT names in its list; one it cannot find it keeps
+ *     (the request may come later), and answers one kept INTERRUPT EAGAIN at each request it runs after,
+ *     oldest first, walking the whole list under its lock for each. A direct request is never on that
+ *     list, so every INTERRUPT for one would be kept, and a workload of hits, which sends libfuse nothing,
+ *     would never drain them: any program that gets signals while it opens (Go's preemption, a
+ *     profiler's SIGPROF) would grow the list that every other request then walks under that lock. So
+ *     the daemon's read of /dev/fuse (devio.c) drops an INTERRUPT whose request was answered here:
+ *     kfs_direct notes each unique in a slot of direct_seen before it runs the request, and an
+ *     INTERRUPT that finds its unique there, or finds an OPEN or RELEASE of that unique still waiting
+ *     in its ring entry for the ring thread (the signal woke the opener, on the ring thread's CPU, first:
+ *     a third of them on 2 cores), is counted (direct_interrupts) and never reaches libfuse.
+ *     Nothing is lost: neither handler ends early on a signal (an OPEN may wait for room, as a write
+ *     does, and ends as it would have), and the kernel expects no answer to an INTERRUPT. One whose
+ *     slot a later request took (4096 requests later) goes to libfuse as before, to be drained by the next
+ *     request libfuse runs (a LOOKUP, a GETATTR: the refresher's, after nearly every release).
  *   - The caller: pid and uid come from the request's header (kfs_caller), as fuse_req_ctx gives them.
  *   - An OPEN reply that cannot reach the kernel: a ring's reply is committed after the handler, where
  *     no error comes back to it, with libfuse too (ring.c's writev); kfs_open_undo is for /dev/fuse.
  * WHAT IT DOES NOT DO: libfuse's debug output (-d) and its allow_root check (which refuses an OPEN by a
- * user other than the mount's owner and root). With either option the rings send everything to
- * libfuse (main.c sets fs->direct). */
+ * user other than the mount's owner and root). With either option (-d, debug or --debug; allow_root) the
+ * rings send everything to libfuse (main.c sets fs->direct). */
 #include <errno.h>
 #include <string.h>
 
@@ -42,9 +54,27 @@ static void fill_open(struct fk_open_out *o, const struct fuse_file_info *fi, in
                 kfs_pt_fill(o, backing_id);
 }
 
+static _Atomic uint64_t *seen_slot(struct kfs *fs, uint64_t unique)
+{
+        return &fs->direct_seen[(unique >> 1) % KFS_DIRECT_SEEN]; /* the kernel's uniques go up by 2 */
+}
+
+bool kfs_direct_owns(struct kfs *fs, uint64_t unique)
+{
+        if (!fs->direct || !unique)
+                return false;
+        if (atomic_load_explicit(seen_slot(fs, unique), memory_order_relaxed) == unique)
+                return true; /* noted by kfs_direct: running, or answered */
+        uint32_t op = kfs_ring_opcode_of(fs, unique); /* in its entry, its ring thread not yet at it */
+        return op == FK_OPEN || op == FK_RELEASE;
+}
+
 int kfs_direct(struct kfs *fs, const struct fk_in_header *in, const void *arg, size_t arglen,
                struct fk_out_header *out, void *body)
 {
+        if (in->opcode != FK_OPEN && in->opcode != FK_RELEASE)
+                return -ENOSYS;
+        atomic_store_explicit(seen_slot(fs, in->unique), in->unique, memory_order_relaxed);
         struct fuse_file_info fi;
         memset(&fi, 0, sizeof(fi));
         *out = (struct fk_out_header){ .len = sizeof(*out), .unique = in->unique };

@@ -13,6 +13,7 @@
 #define FK_HANDLE_KILLPRIV_V2 (1u << 28)           /* flags: we kill suid/sgid/caps on write/truncate (7.33) */
 #define FK_OPEN 14                                /* opcodes answered without libfuse (direct.c) */
 #define FK_RELEASE 18
+#define FK_INTERRUPT 36                           /* its argument: the unique of the request (uint64_t) */
 #define FK_FOPEN_DIRECT_IO (1u << 0)
 #define FK_FOPEN_KEEP_CACHE (1u << 1)
 #define FK_FOPEN_NONSEEKABLE (1u << 2)

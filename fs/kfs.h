@@ -210,6 +210,8 @@ struct kfs_pt {
         char why[160];            /* why it is off; lock */
 };
 
+#define KFS_DIRECT_SEEN 4096       /* direct.c: uniques remembered, for INTERRUPT */
+
 struct kfs {
         struct kfs_opts o;
         struct ktree tree;        /* the backing root (O_RDONLY|O_DIRECTORY) and its st_dev: every operation on
@@ -262,6 +264,8 @@ struct kfs {
         _Atomic uint64_t ring_requests; /* requests served through the rings since mount */
         bool direct;              /* the rings answer OPEN and RELEASE without libfuse (direct.c) */
         _Atomic uint64_t direct_requests; /* of the ring's requests, those (direct.c) */
+        _Atomic uint64_t direct_interrupts; /* INTERRUPTs for them, kept from libfuse (direct.c) */
+        _Atomic uint64_t direct_seen[KFS_DIRECT_SEEN]; /* their uniques, by slot (direct.c) */
         _Atomic uint64_t requests[KFS_OPCODES]; /* requests the kernel sent, by opcode (kfs_count_request) */
         _Atomic int ring_err;     /* why io_uring could not be used (errno), 0: it could or was not offered */
         /* The mount as the daemon's helpers reach it after mount (refresh.c's clones, ring.c's nudges), in
@@ -603,8 +607,14 @@ void kfs_ring_init(struct kfs *fs);
 bool kfs_ring_wanted(struct kfs *fs);
 /* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
+/* The opcode of the request a ring entry holds with that unique, as the kernel put it there (0: none:
+ * never one of the rings', or answered and its entry reused). Any thread. */
+uint32_t kfs_ring_opcode_of(struct kfs *fs, uint64_t unique);
 /* Sends a reply: into its ring entry if the request came through a ring, else to fd. */
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);
+/* direct.c: whether unique is a request answered without libfuse, lately (an INTERRUPT for it is not
+ * libfuse's to keep). */
+bool kfs_direct_owns(struct kfs *fs, uint64_t unique);
 /* direct.c: an OPEN or RELEASE that came through a ring (in, its first argument arg of arglen bytes),
  * answered without libfuse: the reply's header in out and its body in body (at least 16 bytes); returns
  * the body's length, or -ENOSYS for any other request, which libfuse then runs. */

@@ -321,12 +321,14 @@ static void mark_lock(int lock_fd, const char *state, const char *mnt)
         /* not said: a remount then fails at once, as it always did */
 }
 
-/* Whether libfuse's allow_root is among the options (direct.c: the rings then leave its check to libfuse). */
-static bool allow_root(const struct fuse_args *args)
+/* Whether libfuse's allow_root or its debug output is among the options (direct.c: the rings then leave
+ * every request to libfuse, for its check or its log). */
+static bool libfuse_own(const struct fuse_args *args)
 {
         struct fuse_args copy = FUSE_ARGS_INIT(0, NULL);
         struct { int on; } seen = { 0 };
-        const struct fuse_opt spec[] = { { "allow_root", 0, 1 }, FUSE_OPT_END };
+        const struct fuse_opt spec[] = { { "allow_root", 0, 1 }, { "debug", 0, 1 }, { "-d", 0, 1 },
+                                         { "--debug", 0, 1 }, FUSE_OPT_END };
         bool ok = true;
         for (int i = 0; i < args->argc && ok; i++)
                 ok = fuse_opt_add_arg(&copy, args->argv[i]) == 0;
@@ -871,7 +873,7 @@ int main(int argc, char *argv[])
          * Everything the daemon makes for itself was made above, or is made by SQLite with 0644. */
         umask(0);
 
-        fs.direct = !cmd.debug && !allow_root(&args); /* (direct.c); before the session takes its options */
+        fs.direct = !cmd.debug && !libfuse_own(&args); /* (direct.c); before the session takes its options */
         fs.se = fuse_session_new(&args, &kfs_ops, sizeof(kfs_ops), &fs);
         if (!fs.se)
                 goto out_idx;

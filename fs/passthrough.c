@@ -10,7 +10,8 @@
  * HOW, WITH LIBFUSE 3.14. Debian 12's libfuse predates passthrough (3.16), but the kernel protocol is
  * simple: INIT's reply asks for FUSE_PASSTHROUGH (devio.c, our own device I/O), and OPEN's and CREATE's
  * replies carry FOPEN_PASSTHROUGH and a backing id, which the handler leaves in a thread-local right
- * before it replies (a handler replies from its own thread, synchronously) and kfs_pt_amend puts in.
+ * before it replies (a handler replies from its own thread, synchronously) and kfs_pt_amend puts in;
+ * an OPEN answered on a ring without libfuse (direct.c) gets them from kfs_pt_fill, as the amend does.
  * Backing files are registered with the FUSE_DEV_IOC_BACKING_OPEN ioctl, which needs CAP_SYS_ADMIN: an
  * unprivileged daemon, or a kernel without passthrough, runs in the page-cache mode, as before.
  *

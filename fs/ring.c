@@ -19,7 +19,8 @@
  *     header (its first argument) in a separate 128-byte slot, and the rest in the payload. The daemon
  *     answers with FUSE_IO_UFK_URING_CMD_COMMIT_AND_FETCH: the fuse_out_header in the header buffer, the
  *     reply's arguments in the payload, which also re-arms the entry.
- * libfuse's request handling is reused whole: a request is rebuilt in the /dev/fuse layout just before
+ * libfuse's request handling is reused for every request but OPEN and RELEASE, which direct.c answers
+ * itself (libfuse's session lock): a request is rebuilt in the /dev/fuse layout just before
  * its payload (the payload buffer starts 256 bytes into the entry's allocation, so only the two small
  * headers are copied, never the data) and given to fuse_session_process_buf; its reply comes back
  * through our writev (devio.c), which recognizes a ring request by its unique id and copies the reply
@@ -709,6 +710,22 @@ void kfs_ring_start(struct kfs *fs, uint32_t max_write)
 fail:
         failed(r, "start", ENOMEM);
         give_up(r);
+}
+
+uint32_t kfs_ring_opcode_of(struct kfs *fs, uint64_t unique)
+{
+        struct kfs_ring *r = fs->ring;
+        if (!r || !unique)
+                return 0;
+        for (struct ring_ent *e = atomic_load(&r->ents); e; e = e->all) {
+                /* The kernel wrote the request's header there before it completed the command; the owner
+                 * overwrites it with the reply's (whose error sits where the opcode was). Read as the
+                 * kernel left it, field by field: a mix of two requests names neither's unique. */
+                const struct fk_in_header *h = (const void *)e->hdr.in_out;
+                if (__atomic_load_n(&h->unique, __ATOMIC_RELAXED) == unique)
+                        return __atomic_load_n(&h->opcode, __ATOMIC_RELAXED);
+        }
+        return 0;
 }
 
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count)

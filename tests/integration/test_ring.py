@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -446,3 +447,54 @@ def test_allow_root_leaves_every_request_to_libfuse(ringmount):
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == str(__import__("errno").EACCES), (p.stdout, p.stderr)
     assert direct_requests(m) == 0
+
+
+def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
+    """fs/direct.c, INTERRUPT: a signal that lands while an OPEN is in the daemon makes the kernel send an
+    INTERRUPT for it. libfuse cannot find a request it never ran; it would keep every such INTERRUPT, and
+    walk them all under its session lock at each request it runs after. The daemon keeps them from libfuse
+    (devio.c), including those read before the ring thread got to the OPEN (a third of them here, before
+    the entry's header was looked at)."""
+    m = ringmount()
+    path = m.path("k")
+    with open(path, "wb") as f:
+        f.write(b"k")
+    open(path, "rb").close()
+    interrupts = lambda: requests(m).get("INTERRUPT", 0)
+    before, dropped = interrupts(), int(os.getxattr(m.mnt, "user.kcachefs.direct_interrupts"))
+    cpus = sorted(os.sched_getaffinity(0))
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # opens and closes the file under a rain of signals, with a handler: each may interrupt
+        try:
+            os.sched_setaffinity(0, {cpus[0]})
+            signal.signal(signal.SIGUSR1, lambda *a: None)
+            os.write(ready_w, b"1")
+            end = time.monotonic() + 70
+            while time.monotonic() < end:
+                os.close(os.open(path, os.O_RDWR))  # read-write: the daemon opens the file, a longer OPEN
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    assert os.read(ready_r, 1) == b"1"  # its handler is in: a signal no longer ends it
+    os.close(ready_r)
+    sender = os.fork()
+    if sender == 0:  # on another CPU where there is one: its signals land while the opener waits
+        try:
+            os.sched_setaffinity(0, {cpus[-1]})
+            while True:
+                os.kill(pid, signal.SIGUSR1)
+        finally:
+            os._exit(0)
+    try:
+        deadline = time.monotonic() + 60
+        while interrupts() - before < 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for p in (sender, pid):
+            os.kill(p, signal.SIGKILL)
+            os.waitpid(p, 0)
+    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0), what="every RELEASE")
+    n = interrupts() - before
+    assert n >= 5, f"only {n} INTERRUPTs in 60 s of signals"
+    assert int(os.getxattr(m.mnt, "user.kcachefs.direct_interrupts")) - dropped == n
