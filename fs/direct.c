@@ -63,22 +63,27 @@ bool kfs_direct_owns(struct kfs *fs, uint64_t unique)
 {
         if (!fs->direct || !unique)
                 return false;
-        if (atomic_load_explicit(seen_slot(fs, unique), memory_order_relaxed) == unique)
+        _Atomic uint64_t *slot = seen_slot(fs, unique);
+        if (atomic_load_explicit(slot, memory_order_relaxed) == unique)
                 return true; /* noted by kfs_direct: running, or answered */
         uint32_t op = kfs_ring_opcode_of(fs, unique); /* in its entry, its ring thread not yet at it */
-        return op == FK_OPEN || op == FK_RELEASE;
+        if (op == FK_OPEN || op == FK_RELEASE)
+                return true;
+        /* Or noted and answered while we looked (its reply then stands in its entry's header): the note
+         * comes before the reply's header (ring.c's release fence), so seeing the one means seeing the
+         * other. */
+        atomic_thread_fence(memory_order_acquire);
+        return atomic_load_explicit(slot, memory_order_relaxed) == unique;
 }
 
 int kfs_direct(struct kfs *fs, const struct fk_in_header *in, const void *arg, size_t arglen,
                struct fk_out_header *out, void *body)
 {
-        if (in->opcode != FK_OPEN && in->opcode != FK_RELEASE)
-                return -ENOSYS;
-        atomic_store_explicit(seen_slot(fs, in->unique), in->unique, memory_order_relaxed);
         struct fuse_file_info fi;
         memset(&fi, 0, sizeof(fi));
         *out = (struct fk_out_header){ .len = sizeof(*out), .unique = in->unique };
         if (in->opcode == FK_OPEN && arglen >= sizeof(struct fk_open_in)) {
+                atomic_store_explicit(seen_slot(fs, in->unique), in->unique, memory_order_relaxed);
                 struct fk_open_in a;
                 memcpy(&a, arg, sizeof(a));
                 fi.flags = (int)a.flags;
@@ -97,6 +102,7 @@ int kfs_direct(struct kfs *fs, const struct fk_in_header *in, const void *arg, s
                 return (int)sizeof(o);
         }
         if (in->opcode == FK_RELEASE && arglen >= sizeof(struct fk_release_in)) {
+                atomic_store_explicit(seen_slot(fs, in->unique), in->unique, memory_order_relaxed);
                 struct fk_release_in a;
                 memcpy(&a, arg, sizeof(a));
                 fi.flags = (int)a.flags;

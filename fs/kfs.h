@@ -607,8 +607,9 @@ void kfs_ring_init(struct kfs *fs);
 bool kfs_ring_wanted(struct kfs *fs);
 /* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
-/* The opcode of the request a ring entry holds with that unique, as the kernel put it there (0: none:
- * never one of the rings', or answered and its entry reused). Any thread. */
+/* The opcode of the request a ring entry holds with that unique, as the kernel put it there; 0 where no
+ * entry names it (never one of the rings', or answered and its entry reused), and a reply's error (0 or
+ * a negative errno, as unsigned) where its reply stands there now. Any thread. */
 uint32_t kfs_ring_opcode_of(struct kfs *fs, uint64_t unique);
 /* Sends a reply: into its ring entry if the request came through a ring, else to fd. */
 ssize_t kfs_ring_writev(struct kfs *fs, int fd, const struct iovec *iov, int count);

@@ -302,6 +302,9 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
                 struct fk_out_header o;
                 int n = kfs_direct(t->fs, &in, e->hdr.op_in, op, &o, e->area + RING_ROOM);
                 if (n >= 0) {
+                        /* its note in direct_seen before the reply's header, which stands where the
+                         * request's was (kfs_direct_owns reads them the other way round) */
+                        atomic_thread_fence(memory_order_release);
                         memcpy(e->hdr.in_out, &o, sizeof(o));
                         e->hdr.ent.payload_sz = (uint32_t)n;
                         commit(t, e);
@@ -718,12 +721,17 @@ uint32_t kfs_ring_opcode_of(struct kfs *fs, uint64_t unique)
         if (!r || !unique)
                 return 0;
         for (struct ring_ent *e = atomic_load(&r->ents); e; e = e->all) {
-                /* The kernel wrote the request's header there before it completed the command; the owner
-                 * overwrites it with the reply's (whose error sits where the opcode was). Read as the
-                 * kernel left it, field by field: a mix of two requests names neither's unique. */
+                /* The kernel wrote the request's header there before it completed the command (and before
+                 * any INTERRUPT for it can be read); the owner overwrites it with the reply's, whose error
+                 * (never above 0) sits where the opcode was, and the kernel with the next request's. Read
+                 * field by field while that may happen: the unique again after the opcode, so that an
+                 * opcode is another request's only where the one asked about is over already. */
                 const struct fk_in_header *h = (const void *)e->hdr.in_out;
+                if (__atomic_load_n(&h->unique, __ATOMIC_RELAXED) != unique)
+                        continue;
+                uint32_t op = __atomic_load_n(&h->opcode, __ATOMIC_RELAXED);
                 if (__atomic_load_n(&h->unique, __ATOMIC_RELAXED) == unique)
-                        return __atomic_load_n(&h->opcode, __ATOMIC_RELAXED);
+                        return op;
         }
         return 0;
 }

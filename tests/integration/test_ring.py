@@ -453,15 +453,20 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
     """fs/direct.c, INTERRUPT: a signal that lands while an OPEN is in the daemon makes the kernel send an
     INTERRUPT for it. libfuse cannot find a request it never ran; it would keep every such INTERRUPT, and
     walk them all under its session lock at each request it runs after. The daemon keeps them from libfuse
-    (devio.c), including those read before the ring thread got to the OPEN (a third of them here, before
-    the entry's header was looked at)."""
+    (devio.c), including those read before the ring thread got to the OPEN (with the note alone, 3 and 4
+    of 5 were kept in two runs here, 5 of 5 in two others: this catches that race only at times; it
+    catches INTERRUPTs left to libfuse at all every time). The opener sends nothing else (no FLUSH: noflush; no LOOKUP or
+    GETATTR: the name and attributes are cached), and a RELEASE is never interrupted, so every INTERRUPT
+    is one for a direct OPEN. (That an INTERRUPT for a request libfuse runs still reaches it is
+    test_remote.py's herd tests, on rings where the kernel offers them.)"""
     m = ringmount()
     path = m.path("k")
     with open(path, "wb") as f:
         f.write(b"k")
     open(path, "rb").close()
     interrupts = lambda: requests(m).get("INTERRUPT", 0)
-    before, dropped = interrupts(), int(os.getxattr(m.mnt, "user.kcachefs.direct_interrupts"))
+    kept = lambda: int(os.getxattr(m.mnt, "user.kcachefs.direct_interrupts"))
+    before, dropped = interrupts(), kept()
     cpus = sorted(os.sched_getaffinity(0))
     ready_r, ready_w = os.pipe()
     pid = os.fork()
@@ -476,25 +481,30 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
         finally:
             os._exit(0)
     os.close(ready_w)
-    assert os.read(ready_r, 1) == b"1"  # its handler is in: a signal no longer ends it
-    os.close(ready_r)
-    sender = os.fork()
-    if sender == 0:  # on another CPU where there is one: its signals land while the opener waits
-        try:
-            os.sched_setaffinity(0, {cpus[-1]})
-            while True:
-                os.kill(pid, signal.SIGUSR1)
-        finally:
-            os._exit(0)
+    sender = None
     try:
+        assert os.read(ready_r, 1) == b"1"  # its handler is in: a signal no longer ends it
+        sender = os.fork()
+        if sender == 0:  # on another CPU where there is one: its signals land while the opener waits
+            try:
+                os.sched_setaffinity(0, {cpus[-1]})
+                while True:
+                    os.kill(pid, signal.SIGUSR1)
+            finally:
+                os._exit(0)
         deadline = time.monotonic() + 60
         while interrupts() - before < 5 and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
+        os.close(ready_r)
         for p in (sender, pid):
-            os.kill(p, signal.SIGKILL)
-            os.waitpid(p, 0)
-    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0), what="every RELEASE")
+            if p:
+                os.kill(p, signal.SIGKILL)
+                os.waitpid(p, 0)
+    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0) + requests(m).get("CREATE", 0),
+             what="every RELEASE")
     n = interrupts() - before
     assert n >= 5, f"only {n} INTERRUPTs in 60 s of signals"
-    assert int(os.getxattr(m.mnt, "user.kcachefs.direct_interrupts")) - dropped == n
+    # the opener's SIGKILL may have sent one more, read a moment later: the two counts agree once it is
+    wait_for(lambda: kept() - dropped == interrupts() - before, timeout=5,
+             what=f"every INTERRUPT kept from libfuse ({kept() - dropped} of {interrupts() - before})")
