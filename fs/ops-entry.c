@@ -733,12 +733,14 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         size_t rem = size;
         char *p = buf;
         int err = 0;
+        bool end = false;
         for (;;) {
                 if (!d->entry) {
                         errno = 0;
                         d->entry = readdir(d->dp);
                         if (!d->entry) {
                                 err = errno;
+                                end = !err;
                                 break;
                         }
                 }
@@ -789,6 +791,8 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         free(buf);
         if (d == &tmp)
                 closedir(tmp.dp);
+        if (end && rem == size) /* the listing's end, after which the kernel drops the atime (refresh.c) */
+                kfs_refresh_listed(fs, dir, ino);
 }
 
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)

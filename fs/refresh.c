@@ -59,6 +59,14 @@
  * RETRY_MAX_NS, quietly. Off with -o norefresh, and wherever the daemon is not root (open_tree needs
  * CAP_SYS_ADMIN) or does not log.
  *
+ * DIRECTORIES. The kernel drops a directory's atime itself after every READDIR it sends
+ * (fuse_readdir_uncached), so the first walk after a listing was read from the daemon (after a cold
+ * start, or once the kernel let the cached listing go) made every opendir's fstat ask: a GETATTR per
+ * directory that waits, the whole excess of bench/run's readdir row over raw. The end of a listing (the
+ * empty READDIR that tells the kernel its cached listing is complete) queues the directory as a release
+ * queues a file. The kernel drops the atime after that reply is back, and the child's GETATTR comes a
+ * nap (NAP_NS) later at the least; should it come first, the next fstat asks, as without it.
+ *
  * Locks: refresh.lock is a leaf (kfs.h, LOCK ORDER); itable_lock is taken before it, never under it. */
 #include <errno.h>
 #include <fcntl.h>
@@ -398,15 +406,10 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
         return ok ? 1 : -1;
 }
 
-void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer)
+/* Queues in for the child, unless COST or ORDER says not now. */
+static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
 {
-        if (fs->o.nolog || !S_ISREG(in->type))
-                return;
-        /* Attributes only (offset -1): no inode lock in the kernel, safe from a handler. Not when the
-         * kernel holds none of ours since the last drop: it asks anyway. */
-        if (atomic_exchange(&in->attr_cached, false))
-                fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
-        if (writer || !fs->refresh.wanted || kfs_stale(in))
+        if (!fs->refresh.wanted || kfs_stale(in))
                 return;
         int64_t now = mono_ns(), last = atomic_load(&in->refresh_ns);
         if (last && now - last < AGAIN_NS)
@@ -420,6 +423,23 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
                 atomic_store(&in->refresh_pending, false);
         if (q < 0)
                 atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
+}
+
+void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer)
+{
+        if (fs->o.nolog || !S_ISREG(in->type))
+                return;
+        /* Attributes only (offset -1): no inode lock in the kernel, safe from a handler. Not when the
+         * kernel holds none of ours since the last drop: it asks anyway. */
+        if (atomic_exchange(&in->attr_cached, false))
+                fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
+        if (!writer)
+                queue(fs, in, ino);
+}
+
+void kfs_refresh_listed(struct kfs *fs, struct kfs_inode *dir, fuse_ino_t ino)
+{
+        queue(fs, dir, ino); /* (DIRECTORIES) the kernel dropped the atime itself: no notification */
 }
 
 void kfs_refresh_close(struct kfs *fs)

@@ -196,6 +196,53 @@ def test_a_hit_right_after_a_hit_costs_only_open(kfs, mode, neo, made):
     assert refreshes(m) == (ok + 1, dropped), "the child could not refresh the file"
 
 
+def walk(top):
+    """A walk as find, du and glibc's opendir make it: each directory opened and fstat'ed, then listed."""
+    names = 0
+    todo = [top]
+    while todo:
+        d = todo.pop()
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fstat(fd)
+            with os.scandir(fd) as it:
+                for e in it:
+                    names += 1
+                    if e.is_dir(follow_symlinks=False):
+                        todo.append(os.path.join(d, e.name))
+        finally:
+            os.close(fd)
+    return names
+
+
+def test_a_walk_after_a_listing_was_read_asks_nothing(kfs):
+    """The kernel drops a directory's atime after each READDIR it sends, so the walk after a walk whose
+    listings came from the daemon (the first, or the first after the kernel let them go) made each
+    directory's fstat wait for a GETATTR. The end of each listing queues the directory for the child
+    (fs/refresh.c, DIRECTORIES): the second walk sends no request at all."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    for i in range(6):
+        os.makedirs(m.path(f"d{i}/sub"))
+        for j in range(3):
+            with open(m.path(f"d{i}/sub/f{j}"), "wb") as f:
+                f.write(b"x")
+    time.sleep(AGAIN_S)
+    ok, dropped = refreshes(m)
+    before = requests(m)
+    assert walk(m.mnt) == 6 * 5
+    listed = delta(before, requests(m)).get("READDIRPLUS", 0) + delta(before, requests(m)).get("READDIR", 0)
+    assert listed >= 13, "the first walk's listings did not come from the daemon"
+    wait_for(lambda: refreshes(m)[0] >= ok + 13, what="the 13 directories refreshed")
+    assert refreshes(m)[1] == dropped
+    before = requests(m)
+    assert walk(m.mnt) == 6 * 5
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)  # our own reading of the counters
+    assert d == {}, f"the second walk sent {d}"
+
+
 def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
     """The child resolves the names the kernel knows a file and its directories by (fs/inode.c: kdir,
     kname), from the kernel's dentry cache only (common/tree.h, ktree_open_cached: no LOOKUP, no symlink,
