@@ -46,7 +46,7 @@
  * readers 2.46x against 3.05x of raw (bench/JOURNAL.md, seventh round). The price: a third task busy on
  * the CPU (a compiler) is no longer preempted for the daemon, so a request can wait for the rest of that
  * task's slice: with a busy loop on each of 2 cores, an open's 99th percentile was 1.7 ms against 0.1 to
- * 0.6 ms (its median 29 us against 23), and the 2,200 hits still took 207 ms against 239.
+ * 0.6 ms (its median 29 us against 23), and the 2,200 hits still took 206 to 277 ms against 238 to 296.
  *
  * A QUEUE NEVER STALLS. The kernel gives a request to an entry that waits for one; with none waiting, it
  * queues the request, and takes queued requests only when an entry commits a reply (COMMIT_AND_FETCH), not
