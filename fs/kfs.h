@@ -525,13 +525,10 @@ void kfs_settle_stop(struct kfs *fs);
 int kfs_inode_path_locked(struct kfs *fs, struct kfs_inode *in, char *buf, size_t size);
 
 /* thread.c */
-/* Notes the CPUs the daemon may run on and its scheduling policy, before any of its threads changes its own
- * (ring.c). */
+/* Notes the CPUs the daemon may run on, before any of its threads pins itself (ring.c). */
 void kfs_thread_init(void);
-/* That policy (SCHED_OTHER ...), or -1 if unknown. */
-int kfs_thread_start_policy(void);
-/* pthread_create of fn(arg) on those CPUs, under that policy (thread.c), with a stack of STACK bytes (0: the
- * default). 0 or -errno. */
+/* pthread_create of fn(arg) on those CPUs (thread.c), with a stack of STACK bytes (0: the default).
+ * 0 or -errno. */
 int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg);
 
 /* spawn.c */

@@ -36,18 +36,6 @@
  * entry's owner through a list and an eventfd that the owner's ring always has a read pending on: all
  * of a ring's submissions come from its owner.
  *
- * WAKE-UPS. The threads run under SCHED_BATCH (unless the daemon was started under another policy than
- * SCHED_OTHER: an operator's choice stands): woken, a thread does not preempt the task running on its CPU,
- * and runs when that task sleeps or its slice ends. A request someone waits for comes from a process that
- * then sleeps, so its thread runs at once all the same. A request nobody waits for (RELEASE, at close)
- * used to preempt the process that closed, which the next OPEN's reply then woke again: four switches
- * per hit where two do. Now the RELEASE waits for that process's next sleep, mostly its next open, and
- * one wake-up of the thread answers both. On 2 cores: 2,200 warm hits 126 ms against 145, 32 parallel
- * readers 2.46x against 3.05x of raw (bench/JOURNAL.md, seventh round). The price: a third task busy on
- * the CPU (a compiler) is no longer preempted for the daemon, so a request can wait for the rest of that
- * task's slice: with a busy loop on each of 2 cores, an open's 99th percentile was 1.7 ms against 0.1 to
- * 0.6 ms (its median 29 us against 23), and the 2,200 hits still took 206 to 277 ms against 238 to 296.
- *
  * A QUEUE NEVER STALLS. The kernel gives a request to an entry that waits for one; with none waiting, it
  * queues the request, and takes queued requests only when an entry commits a reply (COMMIT_AND_FETCH), not
  * when a new entry registers. So after a burst of flock() waits that took every entry at once (64 waiters
@@ -523,9 +511,6 @@ static void *ring_main(void *arg)
         CPU_ZERO(&cpus);
         CPU_SET(t->qid, &cpus);
         (void)sched_setaffinity(0, sizeof(cpus), &cpus); /* fails for an offline CPU: then anywhere */
-        pthread_setname_np(pthread_self(), "kcachefs-ring");
-        if (kfs_thread_start_policy() == SCHED_OTHER) /* (WAKE-UPS) not a policy an operator chose */
-                (void)sched_setscheduler(0, SCHED_BATCH, &(struct sched_param){ 0 });
         int err = ring_setup(t);
         struct ring_ent *first = err < 0 ? NULL : ent_new(t);
         if (!first) {

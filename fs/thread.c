@@ -10,36 +10,19 @@
  * the CPUs the daemon had when it started (kfs_thread_init), whoever starts it. Where that set is no
  * longer allowed (a cpuset changed since), it takes its creator's, as before.
  *
- * The same goes for the scheduling policy and the name: ring threads run under SCHED_BATCH (ring.c,
- * WAKE-UPS) as "kcachefs-ring", which a thread they start would inherit; one started here gets the
- * policy and the name the daemon started with.
- *
  * The signal mask is still the creator's: a ring thread blocks every signal, as a background thread
  * should too (the waits that need KFS_WAKE_SIGNAL unblock it themselves: kfs_wake_signal_accept). */
 #include <errno.h>
 #include <sched.h>
-#include <sys/prctl.h>
 
 #include "kfs.h"
 
 static cpu_set_t start_cpus;
 static bool start_cpus_ok;
-static int start_policy = -1;
-static struct sched_param start_param;
-static char start_name[16];
 
 void kfs_thread_init(void)
 {
         start_cpus_ok = sched_getaffinity(0, sizeof(start_cpus), &start_cpus) == 0;
-        (void)prctl(PR_GET_NAME, start_name);
-        start_policy = sched_getscheduler(0);
-        if (start_policy >= 0 && sched_getparam(0, &start_param) < 0)
-                start_policy = -1;
-}
-
-int kfs_thread_start_policy(void)
-{
-        return start_policy;
 }
 
 int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg)
@@ -52,13 +35,8 @@ int kfs_thread_start(pthread_t *th, size_t stack, void *(*fn)(void *), void *arg
                 if (stack)
                         (void)pthread_attr_setstacksize(&a, stack);
                 bool pinned = pin && pthread_attr_setaffinity_np(&a, sizeof(start_cpus), &start_cpus) == 0;
-                if (start_policy >= 0 && pthread_attr_setinheritsched(&a, PTHREAD_EXPLICIT_SCHED) == 0 &&
-                    (pthread_attr_setschedpolicy(&a, start_policy) || pthread_attr_setschedparam(&a, &start_param)))
-                        (void)pthread_attr_setinheritsched(&a, PTHREAD_INHERIT_SCHED);
                 e = pthread_create(th, &a, fn, arg);
                 pthread_attr_destroy(&a);
-                if (!e && start_name[0]) /* not "kcachefs-ring", the name of the ring thread that started it */
-                        (void)pthread_setname_np(*th, start_name);
                 if (e != EINVAL || !pinned) /* EINVAL: the CPUs it started with are not all allowed any more */
                         return -e;
         }

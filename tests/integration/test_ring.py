@@ -279,35 +279,6 @@ def test_threads_started_while_serving_run_on_every_cpu(ringmount):
         assert cpus_allowed(f"/proc/{child}") == everywhere
 
 
-def test_ring_threads_run_batch_and_what_they_start_does_not(ringmount):
-    """The ring threads run under SCHED_BATCH (fs/ring.c, WAKE-UPS): a request nobody waits for (RELEASE at
-    close) then no longer preempts the process that closed. Background threads they start (the settler,
-    the refresher, the reapers, the descent) and the refresher's child get the policy and the name the
-    daemon started with (fs/thread.c), not the ring thread's."""
-    m = ringmount({"max_size": "1M", "grace_ms": "0"})
-    queues, _ = ring_entries(m)
-    for i in range(12):
-        with open(m.path(f"f{i}"), "wb") as f:
-            f.write(os.urandom(256 << 10))
-        with open(m.path(f"f{i}"), "rb") as f:
-            f.read()
-    time.sleep(1.5)  # the settler's second, the refresher's batch
-    task = f"/proc/{m.pid()}/task"
-    threads = {}
-    for t in os.listdir(task):
-        with open(os.path.join(task, t, "comm")) as f:
-            threads[int(t)] = (f.read().strip(), os.sched_getscheduler(int(t)))
-    rings = [t for t, (name, _) in threads.items() if name == "kcachefs-ring"]
-    assert len(rings) == 2 * queues, threads  # ring.c's RING_THREADS per queue
-    assert all(threads[t][1] == os.SCHED_BATCH for t in rings), threads
-    others = [v for t, v in threads.items() if t not in rings]
-    assert len(others) > 2, "no background thread was started"
-    assert all(v == ("kcachefs", os.SCHED_OTHER) for v in others), threads
-    if os.geteuid() == 0:
-        child = wait_for(lambda: refresh_child(m), what="the refresher's child")
-        assert os.sched_getscheduler(child) == os.SCHED_OTHER
-
-
 def test_a_nudge_reaches_only_the_mount_it_was_made_for(ringmount, workdir):
     """A nudge's helper (ring.c) statfs'es the mount as root, and a mount point may lie in a user's
     directory: the user can rename a directory above it, and put a symlink or a mount of their own (a FUSE
