@@ -547,8 +547,8 @@ void kfs_refresh_setup(struct kfs *fs);
  * stat asks and gets the logged atime; after a reader's release, the child then fetches them anew
  * (refresh.c, COST says when not). No lock held. */
 void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool writer);
-/* After the READDIR reply that ended a listing of dir (kernel inode ino): the child fetches its attributes
- * anew (refresh.c, DIRECTORIES). No lock held. */
+/* Before the READDIR reply that ends a listing of dir (kernel inode ino): the child fetches its attributes
+ * anew, a moment later (refresh.c, DIRECTORIES). No lock held. */
 void kfs_refresh_listed(struct kfs *fs, struct kfs_inode *dir, fuse_ino_t ino);
 /* The loop ended: no more notifications (before the session is destroyed). */
 void kfs_refresh_close(struct kfs *fs);

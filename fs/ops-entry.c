@@ -784,6 +784,9 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
                 d->entry = NULL;
                 d->offset = next;
         }
+        if (end && rem == size) /* the listing's end, after which the kernel drops the atime (refresh.c);
+                                   before the reply: nothing may forget the directory meanwhile */
+                kfs_refresh_listed(fs, dir, ino);
         if (err && rem == size)
                 fuse_reply_err(req, err);
         else
@@ -791,8 +794,6 @@ static void do_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, s
         free(buf);
         if (d == &tmp)
                 closedir(tmp.dp);
-        if (end && rem == size) /* the listing's end, after which the kernel drops the atime (refresh.c) */
-                kfs_refresh_listed(fs, dir, ino);
 }
 
 void kfs_op_readdir(fuse_req_t req, fuse_ino_t ino, size_t size, off_t off, struct fuse_file_info *fi)

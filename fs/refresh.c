@@ -64,8 +64,13 @@
  * start, or once the kernel let the cached listing go) made every opendir's fstat ask: a GETATTR per
  * directory that waits, the whole excess of bench/run's readdir row over raw. The end of a listing (the
  * empty READDIR that tells the kernel its cached listing is complete) queues the directory as a release
- * queues a file. The kernel drops the atime after that reply is back, and the child's GETATTR comes a
- * nap (NAP_NS) later at the least; should it come first, the next fstat asks, as without it.
+ * queues a file, before that reply (so the directory cannot be forgotten meanwhile). The kernel drops
+ * the atime once the reply is back, in the lister's own time, so the thread sends a directory no sooner
+ * than DIR_DELAY_NS after it was queued; should the child's GETATTR still come first, the next fstat
+ * asks, as without it. What the child could not refresh is only counted (refresh_dropped), not dropped:
+ * the kernel dropped the atime alone, and dropping every attribute would make the next path walk through
+ * the directory ask for its mode. The child does not compare a directory's atime (it is the backing
+ * directory's, which a user may set back).
  *
  * Locks: refresh.lock is a leaf (kfs.h, LOCK ORDER); itable_lock is taken before it, never under it. */
 #include <errno.h>
@@ -104,6 +109,7 @@
 #define QUEUE_MAX 65536    /* files waiting; past it, releases only drop */
 #define CACHED_TRIES 3     /* a walk of the dentry cache fails with EAGAIN while any mount changes */
 #define ANSWER_MS 10000    /* the child's answers to a batch: beyond this it is killed */
+#define DIR_DELAY_NS 5000000LL /* a directory's refresh at least this long after its listing ended */
 
 enum { FD_TREE = 3, FD_SOCK = 4 }; /* the child's */
 
@@ -112,6 +118,7 @@ struct kfs_refresh_item {
         struct kfs_inode *in; /* a lookup reference, until taken by the thread */
         uint64_t bino;
         int64_t atime;
+        int64_t not_before;   /* a directory's: CLOCK_MONOTONIC ns (DIRECTORIES); 0 for a file */
         char *path;
 };
 
@@ -313,12 +320,19 @@ static void *refresher(void *arg)
                         continue;
                 }
                 /* (ORDER) from here, a release of the same file queues it again */
+                int64_t not_before = 0;
                 for (size_t i = 0; i < n; i++) {
                         atomic_store(&b[i].in->refresh_pending, false);
-                        b[i].atime = atomic_load(&b[i].in->atime_ns);
+                        /* a directory's atime is the backing one's, which the child cannot compare */
+                        b[i].atime = b[i].not_before ? INT64_MIN : atomic_load(&b[i].in->atime_ns);
+                        if (b[i].not_before > not_before)
+                                not_before = b[i].not_before;
                         kfs_inode_unref(fs, b[i].in, 1);
                 }
                 idle(fs);
+                int64_t wait = not_before - mono_ns(); /* (DIRECTORIES) */
+                if (wait > 0)
+                        nanosleep(&(struct timespec){ .tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000 }, NULL);
                 int r = 0;
                 bool failed = false;
                 if (!c.pid && may_start && (r = child_start(fs, &c)) < 0) {
@@ -340,6 +354,8 @@ static void *refresher(void *arg)
                 for (size_t i = 0; i < n; i++) {
                         if (sent && ok[i])
                                 atomic_fetch_add_explicit(&fs->refresh.sent, 1, memory_order_relaxed);
+                        else if (b[i].not_before) /* (DIRECTORIES) the kernel dropped its atime only */
+                                atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
                         else
                                 drop(fs, b[i].ino);
                         free(b[i].path);
@@ -359,9 +375,9 @@ static void *refresher(void *arg)
 }
 
 /* Queues in (1), or leaves it to the last of its openers (0); -1 where it cannot be queued. */
-static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
+static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t not_before)
 {
-        struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino };
+        struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino, .not_before = not_before };
         char path[KFS_KPATH_MAX];
         pthread_mutex_lock(&fs->itable_lock);
         if (in->readers || in->writers) { /* (COST) open elsewhere: its last close refreshes it */
@@ -369,8 +385,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
                 return 0;
         }
         it.path = kfs_inode_path_locked(fs, in, path, sizeof(path)) == 0 ? strdup(path) : NULL;
-        if (it.path)
-                in->nlookup++; /* the queue's reference: in lives until it is sent (T1) */
+        if (it.path && in != &fs->root)
+                in->nlookup++; /* the queue's reference: in lives until it is sent (T1); the root always */
         pthread_mutex_unlock(&fs->itable_lock);
         if (!it.path)
                 return -1;
@@ -407,7 +423,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
 }
 
 /* Queues in for the child, unless COST or ORDER says not now. */
-static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
+static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool dir)
 {
         if (!fs->refresh.wanted || kfs_stale(in))
                 return;
@@ -416,7 +432,7 @@ static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino)
                 return; /* (COST) */
         if (atomic_exchange(&in->refresh_pending, true))
                 return; /* queued, not yet sent: that record refreshes it (ORDER) */
-        int q = enqueue(fs, in, ino);
+        int q = enqueue(fs, in, ino, dir ? now + DIR_DELAY_NS : 0);
         if (q > 0)
                 atomic_store(&in->refresh_ns, now);
         if (q <= 0)
@@ -434,12 +450,12 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
         if (atomic_exchange(&in->attr_cached, false))
                 fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
         if (!writer)
-                queue(fs, in, ino);
+                queue(fs, in, ino, false);
 }
 
 void kfs_refresh_listed(struct kfs *fs, struct kfs_inode *dir, fuse_ino_t ino)
 {
-        queue(fs, dir, ino); /* (DIRECTORIES) the kernel dropped the atime itself: no notification */
+        queue(fs, dir, ino, true); /* (DIRECTORIES) the kernel drops the atime itself: no notification */
 }
 
 void kfs_refresh_close(struct kfs *fs)

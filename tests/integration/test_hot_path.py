@@ -219,28 +219,37 @@ def test_a_walk_after_a_listing_was_read_asks_nothing(kfs):
     """The kernel drops a directory's atime after each READDIR it sends, so the walk after a walk whose
     listings came from the daemon (the first, or the first after the kernel let them go) made each
     directory's fstat wait for a GETATTR. The end of each listing queues the directory for the child
-    (fs/refresh.c, DIRECTORIES): the second walk sends no request at all."""
+    (fs/refresh.c, DIRECTORIES): the second walk sends no request at all. The child's GETATTR comes 5 ms
+    after the listing ended; a lister kept off the CPU longer than that before the kernel drops the atime
+    (a loaded machine) makes that refresh come too early, so a fresh tree is tried up to three times:
+    without the refresh every try fails."""
     if os.geteuid() != 0:
         pytest.skip("only a root daemon refreshes (fs/refresh.c)")
     m = kfs({})
-    for i in range(6):
-        os.makedirs(m.path(f"d{i}/sub"))
-        for j in range(3):
-            with open(m.path(f"d{i}/sub/f{j}"), "wb") as f:
-                f.write(b"x")
-    time.sleep(AGAIN_S)
-    ok, dropped = refreshes(m)
-    before = requests(m)
-    assert walk(m.mnt) == 6 * 5
-    listed = delta(before, requests(m)).get("READDIRPLUS", 0) + delta(before, requests(m)).get("READDIR", 0)
-    assert listed >= 13, "the first walk's listings did not come from the daemon"
-    wait_for(lambda: refreshes(m)[0] >= ok + 13, what="the 13 directories refreshed")
-    assert refreshes(m)[1] == dropped
-    before = requests(m)
-    assert walk(m.mnt) == 6 * 5
-    d = delta(before, requests(m))
-    d.pop("GETXATTR", None)  # our own reading of the counters
-    assert d == {}, f"the second walk sent {d}"
+    sent = []
+    for attempt in range(3):
+        top = m.path(f"t{attempt}")
+        for i in range(6):
+            os.makedirs(os.path.join(top, f"d{i}/sub"))
+            for j in range(3):
+                with open(os.path.join(top, f"d{i}/sub/f{j}"), "wb") as f:
+                    f.write(b"x")
+        time.sleep(AGAIN_S)
+        ok, dropped = refreshes(m)
+        before = requests(m)
+        assert walk(top) == 6 * 5
+        d = delta(before, requests(m))
+        assert d.get("READDIRPLUS", 0) + d.get("READDIR", 0) >= 13, "the first walk's listings did not come from the daemon"
+        wait_for(lambda: refreshes(m)[0] >= ok + 13, what="the 13 directories refreshed")
+        assert refreshes(m)[1] == dropped
+        before = requests(m)
+        assert walk(top) == 6 * 5
+        d = delta(before, requests(m))
+        d.pop("GETXATTR", None)  # our own reading of the counters
+        if not d:
+            return
+        sent.append(d)
+    pytest.fail(f"the second walk sent requests in every try: {sent}")
 
 
 def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
