@@ -249,6 +249,7 @@ struct kfs {
                 pthread_cond_t cond;
                 struct kfs_refresh_item *q; /* files released, waiting for the thread; lock */
                 size_t n, cap;    /* lock */
+                size_t bytes;     /* of the queued paths; lock */
                 bool started, sleeping, stop; /* the thread; lock */
                 bool closed;      /* the session is going: no more notifications; lock */
                 unsigned busy;    /* the thread at work on inodes or notifying; lock */
@@ -256,8 +257,8 @@ struct kfs {
                                      (CLOCK_MONOTONIC ns); lock */
                 int64_t backoff;  /* the last wait before a retry, doubled at each failure in a row; lock */
                 pthread_t thread;
-                _Atomic uint64_t sent, dropped; /* files refreshed by the child; not, though queued or
-                                     meant to be (no path, the child failed) */
+                _Atomic uint64_t sent, dropped; /* files and directories refreshed by the child; not,
+                                     though queued or meant to be (no path, a full queue, the child failed) */
         } refresh;
         struct kfs_ring *ring;    /* FUSE over io_uring (ring.c), or NULL */
         _Atomic bool ring_on;

@@ -51,7 +51,8 @@
  * CLOCK_MONOTONIC): 8 readers of the same tree on 2 cores, whose opens of a file rarely overlap, made
  * 11,600 refreshes for 17,600 releases (bench/JOURNAL.md, fourth round); a file read again that soon is
  * read by a burst, in which the next release drops the refreshed attributes anyway. Those two leave the
- * file dropped, and count nowhere. The queue holds QUEUE_MAX files at most; past it, releases only drop.
+ * file dropped, and count nowhere. The queue holds QUEUE_MAX files, and QUEUE_BYTES_MAX of their paths,
+ * at most; past either, releases only drop.
  * The thread and the child start at the first release that needs them, not at mount: under a tasks
  * limit (systemd's TasksMax) a thread made at mount may be the one libfuse then cannot make. A child that
  * cannot start or dies is tried again after RETRY_NS, doubled at each failure in a row (a log line each
@@ -107,6 +108,7 @@
 #define RETRY_NS (5LL * 1000000000) /* after the thread or the child could not start, or the child died: */
 #define RETRY_MAX_NS (300LL * 1000000000) /* doubled at each failure in a row, up to this */
 #define QUEUE_MAX 65536    /* files waiting; past it, releases only drop */
+#define QUEUE_BYTES_MAX (16u << 20) /* and their paths' bytes, however deep a user made them */
 #define CACHED_TRIES 3     /* a walk of the dentry cache fails with EAGAIN while any mount changes */
 #define ANSWER_MS 10000    /* the child's answers to a batch: beyond this it is killed */
 #define DIR_DELAY_NS 5000000LL /* a directory's refresh at least this long after its listing ended */
@@ -307,6 +309,8 @@ static void *refresher(void *arg)
                 memcpy(b, fs->refresh.q, n * sizeof(b[0]));
                 memmove(fs->refresh.q, fs->refresh.q + n, (fs->refresh.n - n) * sizeof(b[0]));
                 fs->refresh.n -= n;
+                for (size_t i = 0; i < n; i++)
+                        fs->refresh.bytes -= strlen(b[i].path) + 1;
                 bool closed = fs->refresh.closed, stop = fs->refresh.stop;
                 bool may_start = mono_ns() >= fs->refresh.retry_at;
                 fs->refresh.busy += !closed;
@@ -391,7 +395,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         if (!it.path)
                 return -1;
         pthread_mutex_lock(&fs->refresh.lock);
-        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
+        size_t len = strlen(it.path) + 1;
+        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX && fs->refresh.bytes + len <= QUEUE_BYTES_MAX &&
                   (fs->refresh.started || mono_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
                 size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
@@ -411,6 +416,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         }
         if (ok) {
                 fs->refresh.q[fs->refresh.n++] = it;
+                fs->refresh.bytes += len;
                 if (fs->refresh.sleeping)
                         pthread_cond_signal(&fs->refresh.cond);
         }

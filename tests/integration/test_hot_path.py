@@ -374,6 +374,40 @@ def test_the_refresher_killed_comes_back_and_goes_at_unmount(kfs):
 
 
 
+def test_a_stalled_refresher_holds_a_bounded_queue(kfs):
+    """While the child does not answer (stopped here; ANSWER_MS, 10 s, before the thread gives up on it),
+    releases go on queueing their files' paths. A user who makes deep paths must not make the daemon hold
+    more than QUEUE_BYTES_MAX (16 MiB) of them: past it, releases only drop (fs/refresh.c, COST). 6,000
+    files of paths of about 3,700 bytes are 22 MiB; with the cap, about 1,500 of them are dropped at once,
+    while the child is still stopped."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    deep = os.path.join(*(c * 250 for c in "abcdefghijklmn"))  # 14 x 251 bytes
+    os.makedirs(m.path(deep))
+    names = [os.path.join(m.path(deep), f"{i:06d}" + "f" * 190) for i in range(6000)]
+    for n in names:
+        with open(n, "wb"):
+            pass
+    with open(names[0], "rb"):
+        pass
+    child = wait_for(lambda: refresh_child(m), what="the refresher's child")
+    time.sleep(0.2)
+    os.kill(child, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        ok, dropped = refreshes(m)
+        for n in names[1:]:
+            with open(n, "rb"):
+                pass
+        took = time.monotonic() - start
+        got = refreshes(m)[1] - dropped
+    finally:
+        os.kill(child, signal.SIGCONT)
+    assert took < 8, f"the releases took {took:.1f} s: the child may have been given up on meanwhile"
+    assert got >= 1000, f"only {got} of 5,999 releases dropped with the child stopped: the queue is not bounded"
+
+
 def test_a_warm_open_reads_nothing_from_the_index(kfs):
     # An OPEN of a file that did not change tells the index nothing: the inode knows the bytes its row
     # holds (fs/inode.c, T3). Before, every OPEN asked the index for the row's old size (kidx_set_bytes ->
