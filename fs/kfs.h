@@ -247,7 +247,8 @@ struct kfs {
                 _Atomic pid_t child; /* its child process, whose requests are counted as OWN; 0: none */
                 pthread_mutex_t lock; /* a leaf */
                 pthread_cond_t cond;
-                struct kfs_refresh_item *q; /* files released, waiting for the thread; lock */
+                struct kfs_refresh_item *q; /* files released and directories listed, waiting for the
+                                     thread; lock */
                 size_t n, cap;    /* lock */
                 size_t bytes;     /* of the queued paths; lock */
                 bool started, sleeping, stop; /* the thread; lock */

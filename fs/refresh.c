@@ -67,7 +67,8 @@
  * empty READDIR that tells the kernel its cached listing is complete) queues the directory as a release
  * queues a file, before that reply (so the directory cannot be forgotten meanwhile). The kernel drops
  * the atime once the reply is back, in the lister's own time, so the thread sends a directory no sooner
- * than DIR_DELAY_NS after it was queued; should the child's GETATTR still come first, the next fstat
+ * than DIR_DELAY_NS after it was queued (and the files of its batch with it: a directory's refresh is
+ * never urgent, and a file's is late by as much at most); should the child's GETATTR still come first, the next fstat
  * asks, as without it. What the child could not refresh is only counted (refresh_dropped), not dropped:
  * the kernel dropped the atime alone, and dropping every attribute would make the next path walk through
  * the directory ask for its mode. The child does not compare a directory's atime (it is the backing
@@ -111,7 +112,7 @@
 #define QUEUE_BYTES_MAX (16u << 20) /* and their paths' bytes, however deep a user made them */
 #define CACHED_TRIES 3     /* a walk of the dentry cache fails with EAGAIN while any mount changes */
 #define ANSWER_MS 10000    /* the child's answers to a batch: beyond this it is killed */
-#define DIR_DELAY_NS 5000000LL /* a directory's refresh at least this long after its listing ended */
+#define DIR_DELAY_NS 20000000LL /* a directory's refresh at least this long after its listing ended */
 
 enum { FD_TREE = 3, FD_SOCK = 4 }; /* the child's */
 
@@ -122,6 +123,7 @@ struct kfs_refresh_item {
         int64_t atime;
         int64_t not_before;   /* a directory's: CLOCK_MONOTONIC ns (DIRECTORIES); 0 for a file */
         char *path;
+        size_t len;           /* strlen(path) */
 };
 
 /* One record: the header and the path, without its NUL. */
@@ -263,10 +265,9 @@ static bool exchange(struct kfs *fs, struct child *c, struct kfs_refresh_item *b
         char buf[sizeof(struct rec) + KFS_KPATH_MAX];
         for (size_t i = 0; i < n; i++) {
                 struct rec r = { .bino = b[i].bino, .atime = b[i].atime };
-                size_t len = strlen(b[i].path);
                 memcpy(buf, &r, sizeof(r));
-                memcpy(buf + sizeof(r), b[i].path, len);
-                if (send(c->sock, buf, sizeof(r) + len, MSG_NOSIGNAL) < 0)
+                memcpy(buf + sizeof(r), b[i].path, b[i].len);
+                if (send(c->sock, buf, sizeof(r) + b[i].len, MSG_NOSIGNAL) < 0)
                         return false;
         }
         size_t got = 0;
@@ -310,7 +311,7 @@ static void *refresher(void *arg)
                 memmove(fs->refresh.q, fs->refresh.q + n, (fs->refresh.n - n) * sizeof(b[0]));
                 fs->refresh.n -= n;
                 for (size_t i = 0; i < n; i++)
-                        fs->refresh.bytes -= strlen(b[i].path) + 1;
+                        fs->refresh.bytes -= b[i].len + 1;
                 bool closed = fs->refresh.closed, stop = fs->refresh.stop;
                 bool may_start = mono_ns() >= fs->refresh.retry_at;
                 fs->refresh.busy += !closed;
@@ -335,7 +336,7 @@ static void *refresher(void *arg)
                 }
                 idle(fs);
                 int64_t wait = not_before - mono_ns(); /* (DIRECTORIES) */
-                if (wait > 0)
+                if (wait > 0 && (c.pid || may_start))
                         nanosleep(&(struct timespec){ .tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000 }, NULL);
                 int r = 0;
                 bool failed = false;
@@ -395,8 +396,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         if (!it.path)
                 return -1;
         pthread_mutex_lock(&fs->refresh.lock);
-        size_t len = strlen(it.path) + 1;
-        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX && fs->refresh.bytes + len <= QUEUE_BYTES_MAX &&
+        it.len = strlen(it.path);
+        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX && fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
                   (fs->refresh.started || mono_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
                 size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
@@ -416,7 +417,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         }
         if (ok) {
                 fs->refresh.q[fs->refresh.n++] = it;
-                fs->refresh.bytes += len;
+                fs->refresh.bytes += it.len + 1;
                 if (fs->refresh.sleeping)
                         pthread_cond_signal(&fs->refresh.cond);
         }
@@ -492,7 +493,7 @@ void kfs_refresh_stop(struct kfs *fs)
                 free(fs->refresh.q[i].path);
         free(fs->refresh.q);
         fs->refresh.q = NULL;
-        fs->refresh.n = fs->refresh.cap = 0;
+        fs->refresh.n = fs->refresh.cap = fs->refresh.bytes = 0;
 }
 
 /* ---- the child ---- */
