@@ -68,11 +68,11 @@
  * queues a file, before that reply (so the directory cannot be forgotten meanwhile). The kernel drops
  * the atime once the reply is back, in the lister's own time, so the thread sends a directory no sooner
  * than DIR_DELAY_NS after it was queued (and the files of its batch with it: a directory's refresh is
- * never urgent, and a file's is late by as much at most); should the child's GETATTR still come first, the next fstat
- * asks, as without it. What the child could not refresh is only counted (refresh_dropped), not dropped:
- * the kernel dropped the atime alone, and dropping every attribute would make the next path walk through
- * the directory ask for its mode. The child does not compare a directory's atime (it is the backing
- * directory's, which a user may set back).
+ * never urgent, and a file's is late by as much at most); should the child's GETATTR still come first,
+ * the next fstat asks, as without it. What the child could not refresh is only counted (refresh_dropped),
+ * not dropped: the kernel dropped the atime alone, and dropping every attribute would make the next path
+ * walk through the directory ask for its mode. The child does not compare a directory's atime (it is the
+ * backing directory's, which a user may set back).
  *
  * Locks: refresh.lock is a leaf (kfs.h, LOCK ORDER); itable_lock is taken before it, never under it. */
 #include <errno.h>
@@ -336,8 +336,10 @@ static void *refresher(void *arg)
                 }
                 idle(fs);
                 int64_t wait = not_before - mono_ns(); /* (DIRECTORIES) */
-                if (wait > 0 && (c.pid || may_start))
-                        nanosleep(&(struct timespec){ .tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000 }, NULL);
+                if (wait > 0 && (c.pid || may_start)) {
+                        struct timespec ts = { .tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000 };
+                        nanosleep(&ts, NULL);
+                }
                 int r = 0;
                 bool failed = false;
                 if (!c.pid && may_start && (r = child_start(fs, &c)) < 0) {
@@ -397,7 +399,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
                 return -1;
         pthread_mutex_lock(&fs->refresh.lock);
         it.len = strlen(it.path);
-        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX && fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
+        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
+                  fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
                   (fs->refresh.started || mono_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
                 size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
