@@ -163,6 +163,12 @@ def ensure_user(name):
         return pwd.getpwnam(name)
 
 
+def proc_state(pid):
+    """The one-letter state of a process (R, S, T, Z ...) from /proc/PID/stat; FileNotFoundError once it is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def pid_alive(pid):
     try:
         os.kill(pid, 0)
@@ -170,8 +176,7 @@ def pid_alive(pid):
         return False
     # A zombie is dead for our purposes.
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
+        return proc_state(pid) != "Z"
     except FileNotFoundError:
         return False
 

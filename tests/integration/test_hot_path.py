@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import pid_alive, wait_for
+from conftest import pid_alive, proc_state, wait_for
 
 # The kernel waits for none of these; OWN: the daemon's own child's (fs/refresh.c), which no caller waits for
 SYNC_FREE = {"RELEASE", "FORGET", "BATCH_FORGET", "INTERRUPT", "OWN"}
@@ -79,11 +79,16 @@ def runtime_hit(path, neo):
         os.close(fd)
 
 
+def every_open_released(m):
+    """Whether the daemon has received a RELEASE for every OPEN and CREATE (RELEASE comes after close())."""
+    r = requests(m)
+    return r.get("RELEASE", 0) >= r.get("OPEN", 0) + r.get("CREATE", 0)
+
+
 def settled(m, path):
     """Waits until every open of path has been released (RELEASE arrives after close()), and the kernel
     holds path's attributes again: a stat that asks nothing."""
-    wait_for(lambda: (lambda r: r.get("RELEASE", 0) >= r.get("OPEN", 0) + r.get("CREATE", 0))(requests(m)),
-             what="every RELEASE")
+    wait_for(lambda: every_open_released(m), what="every RELEASE")
 
     def quiet_stat():
         before = requests(m)
@@ -240,7 +245,8 @@ def test_a_walk_after_a_listing_was_read_asks_nothing(kfs):
         before = requests(m)
         assert walk(top) == 6 * 5
         d = delta(before, requests(m))
-        assert d.get("READDIRPLUS", 0) + d.get("READDIR", 0) >= 13, "the first walk's listings did not come from the daemon"
+        listed = d.get("READDIRPLUS", 0) + d.get("READDIR", 0)
+        assert listed >= 13, "the first walk's listings did not come from the daemon"
         wait_for(lambda: refreshes(m)[0] >= ok + 13, what="the 13 directories refreshed")
         assert refreshes(m)[1] == dropped
         before = requests(m)
@@ -402,11 +408,9 @@ def test_a_stalled_refresher_holds_a_bounded_queue(kfs):
         for n in names[1:]:
             with open(n, "rb"):
                 pass
-        wait_for(lambda: (lambda r: r.get("RELEASE", 0) >= r.get("OPEN", 0) + r.get("CREATE", 0))(requests(m)),
-                 what="every RELEASE")
+        wait_for(lambda: every_open_released(m), what="every RELEASE")
         got = refreshes(m)[1] - dropped
-        with open(f"/proc/{child}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+        state = proc_state(child)
         assert state == "T", f"the child is no longer the stopped one ({state}): the thread gave up on it"
     finally:
         with contextlib.suppress(ProcessLookupError):

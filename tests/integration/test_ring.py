@@ -14,7 +14,7 @@ import time
 import pytest
 
 from conftest import abort_test_mounts, kcachefs_bin, private_dir, wait_for
-from test_hot_path import refresh_child, requests
+from test_hot_path import every_open_released, refresh_child, requests
 
 SWITCH = "/sys/module/fuse/parameters/enable_uring"
 RING_THREADS_PER_CPU = 2  # fs/ring.c RING_THREADS
@@ -410,8 +410,7 @@ def test_opens_and_releases_on_the_rings_are_answered_without_libfuse(ringmount,
     for n, d in data.items():  # a first read: the page cache fills (or passthrough registers)
         with open(m.path(n), "rb") as f:
             assert f.read() == d
-    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0) + requests(m).get("CREATE", 0),
-             what="every RELEASE")
+    wait_for(lambda: every_open_released(m), what="every RELEASE")
     before, direct = requests(m), direct_requests(m)
     for _ in range(3):
         for n, d in data.items():
@@ -501,8 +500,7 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
             if p:
                 os.kill(p, signal.SIGKILL)
                 os.waitpid(p, 0)
-    wait_for(lambda: requests(m).get("RELEASE", 0) >= requests(m).get("OPEN", 0) + requests(m).get("CREATE", 0),
-             what="every RELEASE")
+    wait_for(lambda: every_open_released(m), what="every RELEASE")
     n = interrupts() - before
     assert n >= 5, f"only {n} INTERRUPTs in 60 s of signals"
     # the opener's SIGKILL may have sent one more, read a moment later: the two counts agree once it is
