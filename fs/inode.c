@@ -62,6 +62,13 @@ int64_t kfs_now_ns(void)
         return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
+int64_t kfs_mono_ns(void)
+{
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void wake_handler(int sig)
 {
         (void)sig;

@@ -349,7 +349,8 @@ static inline bool kfs_stale(struct kfs_inode *in)
         return atomic_load(&in->evicted);
 }
 
-int64_t kfs_now_ns(void);
+int64_t kfs_now_ns(void);  /* CLOCK_REALTIME, as atimes are */
+int64_t kfs_mono_ns(void); /* CLOCK_MONOTONIC, for deadlines */
 
 /* A request names the directory in (a lookup of it or in it, a create in it): eviction leaves it be for
  * a while, even if it empties it (evict/prune.c, EMPTIED DIRECTORIES). */
@@ -610,6 +611,7 @@ void kfs_ring_prepare(struct kfs *fs);
 void kfs_ring_init(struct kfs *fs);
 /* Whether INIT's reply asks for io_uring (kfs_ring_init succeeded). */
 bool kfs_ring_wanted(struct kfs *fs);
+bool kfs_ring_keeps(struct kfs *fs);
 /* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
 /* The opcode of the request a ring entry holds with that unique, as the kernel put it there; 0 where no

@@ -141,13 +141,6 @@ static void idle(struct kfs *fs)
         pthread_mutex_unlock(&fs->refresh.lock);
 }
 
-static int64_t mono_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
 /* A file the child did not refresh: the release dropped its attributes already, and a stat since may
  * have fetched them again; dropped again, in case an older answer than the child's landed meanwhile.
  * Not once the session is going (kfs_refresh_close waits for one under way). No lock of ours is held
@@ -259,16 +252,26 @@ static int child_start(struct kfs *fs, struct child *c)
         return 0;
 }
 
-/* Sends the batch and reads its answers; fills ok[]. False: the child is gone or broken. */
+/* Sends the batch (one message a record: its rec and its path) and reads its answers; fills ok[]. False:
+ * the child is gone or broken. */
 static bool exchange(struct kfs *fs, struct child *c, struct kfs_refresh_item *b, size_t n, bool *ok)
 {
-        char buf[sizeof(struct rec) + KFS_KPATH_MAX];
+        struct rec recs[BATCH];
+        struct iovec iov[BATCH][2];
+        struct mmsghdr m[BATCH];
         for (size_t i = 0; i < n; i++) {
-                struct rec r = { .bino = b[i].bino, .atime = b[i].atime };
-                memcpy(buf, &r, sizeof(r));
-                memcpy(buf + sizeof(r), b[i].path, b[i].len);
-                if (send(c->sock, buf, sizeof(r) + b[i].len, MSG_NOSIGNAL) < 0)
+                recs[i] = (struct rec){ .bino = b[i].bino, .atime = b[i].atime };
+                iov[i][0] = (struct iovec){ &recs[i], sizeof(recs[i]) };
+                iov[i][1] = (struct iovec){ b[i].path, b[i].len };
+                m[i] = (struct mmsghdr){ .msg_hdr = { .msg_iov = iov[i], .msg_iovlen = 2 } };
+        }
+        for (size_t sent = 0; sent < n;) { /* one system call for the batch, where the socket takes it */
+                int k = sendmmsg(c->sock, m + sent, (unsigned)(n - sent), MSG_NOSIGNAL);
+                if (k < 0 && errno == EINTR)
+                        continue;
+                if (k <= 0)
                         return false;
+                sent += (size_t)k;
         }
         size_t got = 0;
         while (got < n) {
@@ -313,7 +316,7 @@ static void *refresher(void *arg)
                 for (size_t i = 0; i < n; i++)
                         fs->refresh.bytes -= b[i].len + 1;
                 bool closed = fs->refresh.closed, stop = fs->refresh.stop;
-                bool may_start = mono_ns() >= fs->refresh.retry_at;
+                bool may_start = kfs_mono_ns() >= fs->refresh.retry_at;
                 fs->refresh.busy += !closed;
                 pthread_mutex_unlock(&fs->refresh.lock);
                 if (closed) { /* the session is going: no inode is touched (the table frees them at exit) */
@@ -335,7 +338,7 @@ static void *refresher(void *arg)
                         kfs_inode_unref(fs, b[i].in, 1);
                 }
                 idle(fs);
-                int64_t wait = not_before - mono_ns(); /* (DIRECTORIES) */
+                int64_t wait = not_before - kfs_mono_ns(); /* (DIRECTORIES) */
                 if (wait > 0 && (c.pid || may_start)) {
                         struct timespec ts = { .tv_sec = wait / 1000000000, .tv_nsec = wait % 1000000000 };
                         nanosleep(&ts, NULL);
@@ -375,7 +378,7 @@ static void *refresher(void *arg)
                         fs->refresh.backoff = 0;
                 }
                 if (again)
-                        fs->refresh.retry_at = mono_ns() + again;
+                        fs->refresh.retry_at = kfs_mono_ns() + again;
         }
         child_end(fs, &c, true);
         return NULL;
@@ -401,7 +404,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         it.len = strlen(it.path);
         bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
                   fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
-                  (fs->refresh.started || mono_ns() >= fs->refresh.retry_at);
+                  (fs->refresh.started || kfs_mono_ns() >= fs->refresh.retry_at);
         if (ok && fs->refresh.n == fs->refresh.cap) {
                 size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
                 struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
@@ -414,7 +417,7 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         if (ok && !fs->refresh.started) {
                 fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
                 if (!fs->refresh.started) {
-                        fs->refresh.retry_at = mono_ns() + RETRY_NS;
+                        fs->refresh.retry_at = kfs_mono_ns() + RETRY_NS;
                         ok = false;
                 }
         }
@@ -437,7 +440,7 @@ static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool dir
 {
         if (!fs->refresh.wanted || kfs_stale(in))
                 return;
-        int64_t now = mono_ns(), last = atomic_load(&in->refresh_ns);
+        int64_t now = kfs_mono_ns(), last = atomic_load(&in->refresh_ns);
         if (last && now - last < AGAIN_NS)
                 return; /* (COST) */
         if (atomic_exchange(&in->refresh_pending, true))
