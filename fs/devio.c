@@ -128,11 +128,6 @@ static ssize_t init_reply(struct kfs *fs, int fd, struct iovec *iov, int count)
                 o.flags |= FK_INIT_EXT;
                 o.flags2 |= FK_OVER_IO_URING_FLAGS2;
         }
-        if (ring && kfs_ring_keeps(fs)) {
-                o.max_background = 1;
-                o.congestion_threshold = 1;
-                o.flags &= ~(FK_ASYNC_READ | FK_ASYNC_DIO);
-        }
         char body[256];
         size_t n = iov[1].iov_len < sizeof(body) ? iov[1].iov_len : sizeof(body);
         memcpy(body, iov[1].iov_base, n);

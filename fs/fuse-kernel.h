@@ -7,15 +7,12 @@
 #include <sys/ioctl.h>
 
 #define FK_INIT 26                                /* opcode */
-#define FK_ASYNC_READ (1u << 0)                   /* flags: reads ahead in the background */
-#define FK_ASYNC_DIO (1u << 15)                   /* flags: O_DIRECT I/O in the background */
 #define FK_INIT_EXT (1u << 30)                    /* flags: flags2 is valid */
 #define FK_PASSTHROUGH_FLAGS2 (1u << (37 - 32))   /* FUSE_PASSTHROUGH */
 #define FK_OVER_IO_URING_FLAGS2 (1u << (41 - 32)) /* FUSE_OVER_IO_URING */
 #define FK_HANDLE_KILLPRIV_V2 (1u << 28)           /* flags: we kill suid/sgid/caps on write/truncate (7.33) */
 #define FK_OPEN 14                                /* opcodes answered without libfuse (direct.c) */
 #define FK_RELEASE 18
-#define FK_CREATE 35                              /* answered by libfuse; opens like OPEN (ring.c, KEPT) */
 #define FK_INTERRUPT 36                           /* its argument: the unique of the request (uint64_t) */
 #define FK_FOPEN_DIRECT_IO (1u << 0)
 #define FK_FOPEN_KEEP_CACHE (1u << 1)

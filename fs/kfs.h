@@ -611,7 +611,6 @@ void kfs_ring_prepare(struct kfs *fs);
 void kfs_ring_init(struct kfs *fs);
 /* Whether INIT's reply asks for io_uring (kfs_ring_init succeeded). */
 bool kfs_ring_wanted(struct kfs *fs);
-bool kfs_ring_keeps(struct kfs *fs);
 /* After the kernel took INIT's reply: starts the ring threads (on failure, says so; /dev/fuse serves). */
 void kfs_ring_start(struct kfs *fs, uint32_t max_write);
 /* The opcode of the request a ring entry holds with that unique, as the kernel put it there; 0 where no

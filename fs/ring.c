@@ -54,41 +54,6 @@
  * its CPU's queue while a LOCK_NB from another CPU may be served first; flock.c waits for it. Until that
  * was found, this was opt-in (test_fs_posix.py's flock test failed about 1 run in 50).
  *
- * KEPT: A RELEASE THAT WAKES NOBODY. The kernel sends RELEASE as the last descriptor of an open file
- * closes, in the background, into the queue of the closer's CPU; the ring thread pinned there woke for it
- * at once and preempted the closer, and the closer's next OPEN woke it again. A runtime's hit (open,
- * fstat, read, close) cost the reader's CPU four context switches where the OPEN needs two, and on a
- * small virtual machine the switches are most of a request's cost (bench/JOURNAL.md, eighth round).
- *   - What holds a RELEASE back: the kernel keeps at most max_background background requests in flight,
- *     except that each io_uring queue may always have one (fuse_uring_flush_bg). INIT's reply asks for a
- *     max_background of 1 (devio.c), and a thread keeps the reply to one RELEASE per queue uncommitted,
- *     its work done (ops-io.c: the handle closed, the attributes dropped, the refresh queued): every
- *     RELEASE after it waits in the kernel and wakes nobody.
- *   - When the kept reply goes: at the end of a later turn of either thread of the queue that answered an
- *     OPEN. The commit hands the next waiting RELEASE to the same entry at once (COMMIT_AND_FETCH), and
- *     that one is kept in its place. In a loop of hits, the turn of open N commits release N-2 and takes
- *     release N-1, whose close came before open N: two switches a hit. A RELEASE that came unasked
- *     (nothing was kept, so nothing waited before it) is kept across one OPEN more, since at the next
- *     open's turn the next close has not happened yet.
- *   - Bounds: nothing tells the daemon how many RELEASEs wait behind the kept reply. Each queue counts the
- *     OPENs it answered and the RELEASEs it took since it was last known to hold none back (a RELEASE
- *     came unasked, or a commit brought none); KEEP_NS after that, more than two apart, or a thread that
- *     waited KEEP_NS with the reply kept, and the thread drains: it commits each RELEASE as it comes until
- *     a commit brings none. A RELEASE so reaches the daemon about KEEP_NS after its close at the latest.
- *   - Threads: either thread of the queue commits the kept reply, and the entry is then the committer's
- *     (the kernel hands an entry's next request to the ring that committed it; lost). A thread keeps a
- *     reply only while another entry of its own waits in the kernel, so that it still gets the queue's
- *     requests; each has two from the start, and one held back for a flock() reply (handle) takes the
- *     kept one's place rather than a new one.
- *   - Price: max_background 1 holds back the kernel's other background requests too. Reads ahead and
- *     O_DIRECT I/O would wait behind a kept reply, so INIT's reply makes both synchronous (FUSE_ASYNC_READ
- *     and FUSE_ASYNC_DIO off; reads through passthrough never come here); a shared mapping's dirty pages
- *     are written back when msync, fsync or the close asks, or after the reply goes. And a RELEASE reaches
- *     the daemon up to KEEP_NS later: a file counts as open that much longer for eviction, and a stat that
- *     long after the close may still show the access before (the man page says so).
- *   Nothing is kept where OPEN and RELEASE go through libfuse (-d, allow_root: direct.c), nor through
- *   /dev/fuse, whose max_background stays 1024 (ops.c).
- *
  * THE KERNEL'S SWITCH. The kernel offers io_uring in INIT only while the fuse module's enable_uring
  * parameter is on, and it is off by default. It only allows daemons that ask for io_uring to use it,
  * so a root daemon turns it on before mounting (and says so), on the kernels it was tested on (6.18+);
@@ -128,9 +93,6 @@ struct ring_ent {
         char *area;               /* RING_ROOM + payload */
         struct iovec iov[2];
         struct ring_ent *next;    /* handoff list; t->lock */
-        struct ring_thread *_Atomic keeper; /* KEPT: the thread that kept its reply, in its turn kept_turn */
-        _Atomic uint64_t kept_turn;
-        _Atomic int lag;          /* KEPT: OPENs it stays kept across */
         struct ring_ent *_Atomic all; /* every entry of the rings, newest first (never shrinks) */
 };
 
@@ -153,12 +115,6 @@ struct ring_thread {
         bool nudge;               /* owner: registered entries for replies held back in this batch */
         unsigned nents;           /* owner: its entries in use (registered, not refused) */
         unsigned held;            /* owner: its entries out of the kernel for a reply sent later */
-        uint64_t turn;            /* owner: turns of its loop (KEPT) */
-        bool opened;              /* owner: this turn answered an OPEN (KEPT) */
-        bool revealing;           /* owner: this turn committed a kept reply (KEPT) */
-        bool revealed;            /* owner: this turn's requests came at once after such a commit */
-        bool draining;            /* owner: committing every RELEASE until none is waiting (KEPT) */
-        _Atomic unsigned lost;    /* its kept entries another thread of the queue committed (KEPT) */
         pthread_mutex_t lock;
         struct ring_ent *handoff; /* replies from other threads; lock */
 };
@@ -180,23 +136,7 @@ struct kfs_ring {
         pthread_mutex_t nudge_lock; /* a leaf: the list of nudges started, not yet joined */
         struct nudge *nudge_list;
         _Atomic uint64_t nudged;  /* nudges made since mount */
-        bool keep;                /* RELEASE replies kept (KEPT) */
-        struct ring_queue *q;     /* nq, with keep */
 };
-
-/* KEPT, for one of the kernel's queues. */
-struct ring_queue {
-        struct ring_ent *_Atomic kept; /* a RELEASE answered, its reply not committed; or NULL */
-        _Atomic int64_t clear_ns; /* when no RELEASE was known to wait in the kernel (CLOCK_MONOTONIC) */
-        _Atomic int opens, releases; /* answered and received since then */
-};
-
-static void queue_clear(struct ring_queue *q)
-{
-        atomic_store(&q->clear_ns, kfs_mono_ns());
-        atomic_store(&q->opens, 0);
-        atomic_store(&q->releases, 0);
-}
 
 static __thread struct ring_ent *cur_ent; /* the request this thread is handling */
 
@@ -257,26 +197,15 @@ static void sq_publish(struct ring_thread *t)
         __atomic_store_n(t->sq_tail, *t->sq_tail + t->pending, __ATOMIC_RELEASE);
 }
 
-#define KEEP_NS 1000000 /* RELEASEs wait behind a kept reply for at most about this long (KEPT) */
-
-/* Submits every SQE not yet consumed; then waits for a completion if wait, no longer than KEEP_NS after
- * its queue was last clear while the thread keeps a reply. */
+/* Submits every SQE not yet consumed; then waits for a completion if wait. */
 static int ring_enter(struct ring_thread *t, bool wait)
 {
         sq_publish(t);
         t->pending = 0;
-        struct ring_queue *q = wait && t->fs->ring->keep ? &t->fs->ring->q[t->qid] : NULL;
-        struct ring_ent *k = q ? atomic_load(&q->kept) : NULL;
-        bool timed = k && k->keeper == t;
-        int64_t left = timed ? atomic_load(&q->clear_ns) + KEEP_NS - kfs_mono_ns() : 0;
-        struct __kernel_timespec ts = { .tv_sec = 0, .tv_nsec = left > 0 ? left : 0 };
-        struct io_uring_getevents_arg ga = { .ts = (uint64_t)(uintptr_t)&ts };
         for (;;) {
                 unsigned n = *t->sq_tail - __atomic_load_n(t->sq_head, __ATOMIC_ACQUIRE);
-                long r = syscall(__NR_io_uring_enter, t->fd, n, wait ? 1 : 0,
-                                 (wait ? IORING_ENTER_GETEVENTS : 0) | (timed ? IORING_ENTER_EXT_ARG : 0),
-                                 timed ? (void *)&ga : NULL, timed ? sizeof(ga) : 0);
-                if (r >= 0 || (timed && errno == ETIME))
+                long r = syscall(__NR_io_uring_enter, t->fd, n, wait ? 1 : 0, wait ? IORING_ENTER_GETEVENTS : 0, NULL, 0);
+                if (r >= 0)
                         return 0;
                 if (errno != EINTR && errno != EAGAIN && errno != EBUSY)
                         return -errno;
@@ -351,85 +280,6 @@ static void commit(struct ring_thread *t, struct ring_ent *e)
         sqe_cmd(t, e, FK_URING_CMD_COMMIT_AND_FETCH, e->hdr.ent.commit_id);
 }
 
-/* A kept reply goes, through t's ring: the entry is t's from now on (the kernel hands its next request
- * to the ring that committed it). */
-static void kept_commit(struct ring_thread *t, struct ring_ent *k)
-{
-        if (k->t == t) {
-                t->held--;
-        } else {
-                atomic_fetch_add(&k->t->lost, 1);
-                k->t = t;
-                t->nents++;
-        }
-        commit(t, k);
-}
-
-/* A RELEASE's reply, kept (KEPT). */
-static void keep(struct ring_thread *t, struct ring_ent *e)
-{
-        struct ring_queue *q = &t->fs->ring->q[t->qid];
-        if (!t->revealed) /* it came unasked: nothing waited before it */
-                queue_clear(q);
-        atomic_store(&e->lag, t->revealed ? 0 : 1);
-        e->keeper = t;
-        e->kept_turn = t->turn;
-        t->held++;
-        struct ring_ent *old = atomic_exchange(&q->kept, e);
-        if (old) /* not while the kernel sends a queue one background request at a time */
-                kept_commit(t, old);
-}
-
-/* A RELEASE's reply: kept, or committed now. A writer's is never kept: what the writer left may be
- * needed at once (eviction leaves an open file alone), and what it wrote is quiet only once it came. */
-static void release_done(struct ring_thread *t, struct ring_ent *e, bool reader)
-{
-        if (t->fs->ring->keep)
-                atomic_fetch_add(&t->fs->ring->q[t->qid].releases, 1);
-        if (!t->fs->ring->keep || !reader || (t->draining && t->revealed) || t->nents <= t->held + 1) {
-                commit(t, e);
-                t->revealing |= t->revealed; /* what waited behind it comes at once */
-        } else {
-                keep(t, e);
-        }
-}
-
-/* Commits q's kept reply k, if it is still kept, through t's ring. */
-static bool reveal(struct ring_thread *t, struct ring_queue *q, struct ring_ent *k)
-{
-        if (!atomic_compare_exchange_strong(&q->kept, &k, NULL))
-                return false;
-        kept_commit(t, k);
-        t->revealing = true;
-        return true;
-}
-
-/* At the end of each turn (KEPT). */
-static void keep_end_turn(struct ring_thread *t, bool timed_out)
-{
-        unsigned lost = atomic_exchange(&t->lost, 0);
-        t->nents -= lost;
-        t->held -= lost;
-        struct kfs_ring *r = t->fs->ring;
-        if (!r->keep)
-                return;
-        struct ring_queue *q = &r->q[t->qid];
-        struct ring_ent *k = atomic_load(&q->kept);
-        if (!k || (k->keeper == t && k->kept_turn == t->turn))
-                return;
-        if (!timed_out && kfs_mono_ns() - atomic_load(&q->clear_ns) >= KEEP_NS &&
-            atomic_load(&q->opens) - atomic_load(&q->releases) <= 2) {
-                queue_clear(q); /* a RELEASE came for every OPEN but the last two: none waits but one */
-        } else if (timed_out || kfs_mono_ns() - atomic_load(&q->clear_ns) >= KEEP_NS) {
-                t->draining = true;
-                reveal(t, q, k);
-        } else if (t->opened) {
-                int lag = atomic_load(&k->lag);
-                if (lag == 0 || !atomic_compare_exchange_strong(&k->lag, &lag, lag - 1))
-                        reveal(t, q, k);
-        }
-}
-
 /* A request is in e: OPEN and RELEASE answered here (direct.c); any other rebuilt in /dev/fuse's layout right
  * before the payload, and run by libfuse. */
 static void handle(struct ring_thread *t, struct ring_ent *e)
@@ -448,10 +298,6 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
         }
         atomic_fetch_add_explicit(&t->fs->ring_requests, 1, memory_order_relaxed);
         kfs_count_request(t->fs, in.opcode, in.pid);
-        if (t->fs->ring->keep && (in.opcode == FK_OPEN || in.opcode == FK_CREATE)) { /* (KEPT) */
-                atomic_fetch_add(&t->fs->ring->q[t->qid].opens, 1);
-                t->opened = true;
-        }
         if (t->fs->direct && (in.opcode == FK_OPEN || in.opcode == FK_RELEASE)) { /* (direct.c) */
                 struct fk_out_header o;
                 int n = kfs_direct(t->fs, &in, e->hdr.op_in, op, &o, e->area + RING_ROOM);
@@ -461,11 +307,6 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
                         atomic_thread_fence(memory_order_release);
                         memcpy(e->hdr.in_out, &o, sizeof(o));
                         e->hdr.ent.payload_sz = (uint32_t)n;
-                        if (in.opcode == FK_RELEASE) {
-                                const struct fk_release_in *ri = (const void *)e->hdr.op_in;
-                                release_done(t, e, (ri->flags & O_ACCMODE) == O_RDONLY);
-                                return;
-                        }
                         commit(t, e);
                         return;
                 }
@@ -493,11 +334,6 @@ static void handle(struct ring_thread *t, struct ring_ent *e)
          * every flock() that ever waited: 64 MiB of mappings and the kernel's entries for 64 waits, one
          * after the other.) */
         if (t->nents > ++t->held)
-                return;
-        /* A reply of ours kept (KEPT) goes rather than a new entry come. */
-        struct ring_queue *q = t->fs->ring->keep ? &t->fs->ring->q[t->qid] : NULL;
-        struct ring_ent *k = q ? atomic_load(&q->kept) : NULL;
-        if (k && k->keeper == t && reveal(t, q, k))
                 return;
         struct ring_ent *n = ent_new(t);
         if (n) {
@@ -684,31 +520,17 @@ static void *ring_main(void *arg)
         }
         sqe_event(t);
         sqe_cmd(t, first, FK_URING_CMD_REGISTER, 0);
-        struct ring_ent *second = r->keep ? ent_new(t) : NULL; /* one waits while the other is kept */
-        if (second)
-                sqe_cmd(t, second, FK_URING_CMD_REGISTER, 0);
         if ((err = ring_enter(t, false)) < 0)
                 failed(r, "submission", -err);
         t->ok = err == 0;
         reported(r);
         while (!atomic_load(&r->stop) && err == 0) {
-                /* After a kept reply was committed, what that commit brought comes at once: see whether
-                 * anything did before waiting (KEPT). */
-                t->revealed = false;
-                if (t->revealing && (err = ring_enter(t, false)) == 0) {
-                        t->revealed = *t->cq_head != __atomic_load_n(t->cq_tail, __ATOMIC_ACQUIRE);
-                        if (!t->revealed) /* nothing came: nothing waited */
-                                queue_clear(&r->q[t->qid]);
-                }
-                if (!t->revealed)
-                        t->draining = false;
-                t->revealing = t->opened = false;
-                if (err < 0 || (!t->revealed && (err = ring_enter(t, true)) < 0)) {
+                if ((err = ring_enter(t, true)) < 0) {
                         kfs_log(LOG_ERR, "io_uring_enter: %s", strerror(-err));
                         break;
                 }
                 unsigned head = *t->cq_head, tail = __atomic_load_n(t->cq_tail, __ATOMIC_ACQUIRE);
-                bool dead = false, idle = head == tail;
+                bool dead = false;
                 for (; head != tail; head++) {
                         struct io_uring_cqe *c = &t->cqes[head & *t->cq_mask];
                         if (c->user_data == RING_TAG_EVENT) {
@@ -751,8 +573,6 @@ static void *ring_main(void *arg)
                 __atomic_store_n(t->cq_head, head, __ATOMIC_RELEASE);
                 if (dead)
                         break;
-                keep_end_turn(t, idle);
-                t->turn++;
                 if (t->nudge && (err = ring_enter(t, false)) == 0) /* the new entries first, then the nudge */
                         nudge(t);
         }
@@ -786,11 +606,6 @@ void kfs_ring_prepare(struct kfs *fs)
 bool kfs_ring_wanted(struct kfs *fs)
 {
         return fs->ring != NULL;
-}
-
-bool kfs_ring_keeps(struct kfs *fs)
-{
-        return fs->ring != NULL && fs->direct;
 }
 
 void kfs_ring_init(struct kfs *fs)
@@ -850,8 +665,6 @@ void kfs_ring_start(struct kfs *fs, uint32_t max_write)
 {
         struct kfs_ring *r = fs->ring;
         r->probe.fs = fs;
-        r->q = kfs_ring_keeps(fs) ? calloc(r->nq, sizeof(*r->q)) : NULL;
-        r->keep = r->q != NULL;
         r->payload = max_write > 1024 * 1024 ? max_write : 1024 * 1024;
         r->t = calloc(r->nt, sizeof(*r->t));
         if (!r->t)
@@ -1018,7 +831,6 @@ void kfs_ring_free(struct kfs *fs)
         pthread_mutex_destroy(&r->nudge_lock);
         pthread_cond_destroy(&r->cond);
         free(r->t);
-        free(r->q);
         free(r);
 }
 

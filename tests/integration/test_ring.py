@@ -217,10 +217,8 @@ def ring_entries(m):
 def test_waits_one_after_another_add_no_entries(ringmount):
     """A ring thread registers a new entry for a reply it holds back (a flock() that waits) only where none
     of its entries waits in the kernel, and an entry whose reply went waits again (ring.c, handle): 40
-    waits, one after the other, leave each thread at most two entries (the two it starts with where it
-    keeps a RELEASE's reply, ring.c KEPT, the wait taking the kept one's place; or one and one more). A
-    new entry for every wait made the rings grow with every wait the mount ever served, a 1 MiB mapping
-    and a kernel entry each."""
+    waits, one after the other, leave each thread at most one entry more. A new entry for every wait made
+    the rings grow with every wait the mount ever served, a 1 MiB mapping and a kernel entry each."""
     m = ringmount()
     path = m.path("lockfile")
     open(path, "w").close()
@@ -508,92 +506,3 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
     # the opener's SIGKILL may have sent one more, read a moment later: the two counts agree once it is
     wait_for(lambda: kept() - dropped == interrupts() - before, timeout=5,
              what=f"every INTERRUPT kept from libfuse ({kept() - dropped} of {interrupts() - before})")
-
-
-def ring_thread_wakeups(m, cpu):
-    """How often the daemon's ring threads pinned to cpu slept (voluntary context switches): a ring thread
-    sleeps once for every time a request woke it."""
-    n = 0
-    for tid in os.listdir(f"/proc/{m.pid()}/task"):
-        try:
-            with open(f"/proc/{m.pid()}/task/{tid}/status") as f:
-                s = f.read()
-        except FileNotFoundError:
-            continue
-        if re.search(r"^Cpus_allowed_list:\s*(\d+)$", s, re.M) and \
-                int(re.search(r"^Cpus_allowed_list:\s*(\d+)$", s, re.M).group(1)) == cpu:
-            n += int(re.search(r"^voluntary_ctxt_switches:\s*(\d+)$", s, re.M).group(1))
-    return n
-
-
-def hits(paths, n):
-    """Opens, reads and closes n files in turn (no fstat: without the refresh, its GETATTR would wait)."""
-    for i in range(n):
-        fd = os.open(paths[i % len(paths)], os.O_RDONLY)
-        while os.read(fd, 65536):
-            pass
-        os.close(fd)
-
-
-def test_a_readers_release_wakes_no_ring_thread(ringmount):
-    """A reader's RELEASE waits in the kernel behind the one whose reply the daemon keeps, and the next
-    OPEN's turn takes it (ring.c, KEPT). So in a loop of opens, reads and closes on one CPU, that CPU's
-    ring thread no longer sleeps between the OPEN and the RELEASE of a hit: it sleeps 60 to 150 times in
-    1,000 hits here, where it slept about twice a hit before (1,750 to 2,000: each RELEASE woke it).
-    Without the refresh, whose GETATTRs come from a child on any CPU."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
-    m = ringmount({"norefresh": True})
-    paths = []
-    for i in range(50):
-        paths.append(m.path(f"f{i}"))
-        with open(paths[-1], "wb") as f:
-            f.write(os.urandom(4096))
-    cpu = sorted(os.sched_getaffinity(0))[0]
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # a reader pinned to one CPU, so that every request waits in that CPU's queue
-        os.close(r)
-        try:
-            os.sched_setaffinity(0, {cpu})
-            hits(paths, 100)  # warm: every name looked up, every file read once
-            before = ring_thread_wakeups(m, cpu)
-            hits(paths, 1000)
-            os.write(w, str(ring_thread_wakeups(m, cpu) - before).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        woke = int(f.read() or -1)
-    os.waitpid(pid, 0)
-    wait_for(lambda: every_open_released(m), what="every RELEASE")
-    assert woke < 1000, f"the ring threads of CPU {cpu} slept {woke} times in 1000 hits"
-
-
-def test_a_kept_release_reaches_the_daemon_soon_after(ringmount):
-    """Whatever waits behind a kept reply reaches the daemon within about KEEP_NS of its close, though no
-    OPEN comes: after one reader's loop, and after eight readers' at once (a thread drains what waits:
-    ring.c, KEPT)."""
-    m = ringmount({"norefresh": True})
-    paths = []
-    for i in range(40):
-        paths.append(m.path(f"f{i}"))
-        with open(paths[-1], "wb") as f:
-            f.write(b"x" * 100)
-    wait_for(lambda: every_open_released(m), what="every RELEASE")
-    for readers in (1, 8):
-        pids = []
-        for _ in range(readers):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    hits(paths, 400)
-                finally:
-                    os._exit(0)
-            pids.append(pid)
-        for pid in pids:
-            os.waitpid(pid, 0)
-        t0 = time.monotonic()
-        while not every_open_released(m):  # each look is a GETXATTR, never an OPEN
-            assert time.monotonic() - t0 < 0.5, f"{requests(m)} 0.5 s after {readers} reader(s) closed"
-            time.sleep(0.002)
