@@ -2,7 +2,10 @@
 import json
 import os
 import re
+import signal
 import subprocess
+import threading
+import time
 
 import pytest
 
@@ -161,12 +164,16 @@ def test_only_the_owner_or_root_may_act(kfs):
     assert os.getxattr(m.path("x"), "user.kcachefs.pinned") == b"0"
 
 
-def on_a_terminal(cmd):
-    """Runs cmd with its stdout and stderr on a pseudo-terminal; returns (status, what it wrote)."""
+def on_a_terminal(cmd, while_running=None):
+    """Runs cmd with its stdout and stderr on a pseudo-terminal; returns (status, what it wrote).
+    while_running(pid), if given, runs in a thread of its own meanwhile."""
     import pty
     pid, fd = pty.fork()
     if pid == 0:
         os.execv(cmd[0], cmd)
+    t = threading.Thread(target=while_running, args=(pid,)) if while_running else None
+    if t:
+        t.start()
     out = b""
     while True:
         try:
@@ -177,8 +184,47 @@ def on_a_terminal(cmd):
             break
         out += chunk
     os.close(fd)
+    if t:
+        t.join()
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+def wchans(pid):
+    """Where each thread of pid sleeps in the kernel (/proc/PID/task/TID/wchan); [] once it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except FileNotFoundError:
+        return []
+    w = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                w.append(f.read())
+        except FileNotFoundError:
+            pass
+    return w
+
+
+def hold_daemon_while_waited_on(m, held):
+    """A while_running for on_a_terminal: once the command's request waits on the daemon while its other
+    thread sleeps between two looks at the progress (kc_set_watched), stops the daemon for half a second,
+    so that the operation lasts past a look whatever this machine's speed. Appends True to held if so."""
+    def run(pid):
+        while True:
+            w = wchans(pid)
+            if not w:
+                return  # the command ended first
+            if "request_wait_answer" in w and any("nanosleep" in x for x in w):
+                os.kill(m.pid(), signal.SIGSTOP)
+                try:
+                    time.sleep(0.5)
+                finally:
+                    os.kill(m.pid(), signal.SIGCONT)
+                held.append(True)
+                return
+            time.sleep(0.0002)
+    return run
 
 
 def test_long_operations_show_progress_on_a_terminal_and_not_on_a_pipe(kfs):
@@ -199,7 +245,11 @@ def test_long_operations_show_progress_on_a_terminal_and_not_on_a_pipe(kfs):
         f.write(b"y")
     rc, out = on_a_terminal([kc, "verify", "--repair", m.mnt])
     assert rc == 0 and "kcache: repairing" in out and "repaired" in out, out
-    rc, out = on_a_terminal([kc, "evict", m.mnt, "--to", "0"])
+    # The progress shows from the first look, 200 ms in: an eviction of these 30,001 files once ended
+    # sooner. Held past it, the line must show.
+    held = []
+    rc, out = on_a_terminal([kc, "evict", m.mnt, "--to", "0"], hold_daemon_while_waited_on(m, held))
+    assert held, "the eviction ended before it could be held"
     assert rc == 0 and "kcache: evicting" in out and "evicted" in out, out
     for d in range(30):  # again, on a pipe
         with open(m.path(f"d{d}", "again"), "wb") as f:
