@@ -191,8 +191,11 @@ def on_a_terminal(cmd, while_running=None):
 
 
 def wchans(pid):
-    """Where each thread of pid sleeps in the kernel (/proc/PID/task/TID/wchan); [] once it is gone."""
+    """Where each thread of pid sleeps in the kernel (/proc/PID/task/TID/wchan); [] once it has ended."""
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
+                return []  # ended, not yet waited for
         tids = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return []
