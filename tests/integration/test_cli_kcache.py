@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from conftest import backing_files, ensure_user, kcache_bin, wait_for
+from conftest import backing_files, ensure_user, kcache_bin, proc_state, wait_for
 
 K = 1024
 
@@ -193,9 +193,8 @@ def on_a_terminal(cmd, while_running=None):
 def wchans(pid):
     """Where each thread of pid sleeps in the kernel (/proc/PID/task/TID/wchan); [] once it has ended."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] in "ZX":
-                return []  # ended, not yet waited for
+        if proc_state(pid) in ("Z", "X"):
+            return []  # ended, not yet waited for
         tids = os.listdir(f"/proc/{pid}/task")
     except FileNotFoundError:
         return []
