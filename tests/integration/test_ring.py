@@ -5,6 +5,7 @@ with requests in its rings leaves nothing hanging."""
 import contextlib
 import fcntl
 import os
+import random
 import re
 import signal
 import subprocess
@@ -484,11 +485,20 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
     try:
         assert os.read(ready_r, 1) == b"1"  # its handler is in: a signal no longer ends it
         sender = os.fork()
-        if sender == 0:  # on another CPU where there is one: its signals land while the opener waits
+        # On another CPU where there is one: its signals land while the opener waits. They come spaced by
+        # 0 to 200 us at random: the kernel sends an INTERRUPT only for a signal that comes once the OPEN
+        # is with the daemon, and a flood has one pending already as the open begins to wait, before the
+        # daemon has it (request_wait_answer). A flood took 2 to 35 s for 5 INTERRUPTs under ASan, at times
+        # over 60; spaced, 0.5 s.
+        if sender == 0:
             try:
                 os.sched_setaffinity(0, {cpus[-1]})
+                rng = random.Random(pid)
                 while True:
                     os.kill(pid, signal.SIGUSR1)
+                    until = time.perf_counter_ns() + rng.randrange(200_000)
+                    while time.perf_counter_ns() < until:
+                        pass
             finally:
                 os._exit(0)
         deadline = time.monotonic() + 60
