@@ -4,7 +4,7 @@
 # With bin/kcachefs-baseline in CARRY_DIR (KC_CARRY_BASELINE=BINARY scripts/gpu-carry), an argument
 # --baseline CARRY_DIR/bin/kcachefs-baseline measures it in the same run.
 # CARRY_DIR (scripts/gpu-carry makes it) gives bin/{kcachefs,kbench} with lib/, and fuse/{bin,lib}:
-# Debian's fusermount3, mergerfs and bindfs with their libraries (that machine has none of them).
+# Debian's fusermount3, mergerfs, bindfs and passthrough_hp with their libraries (that machine has none).
 # bench/run wants a real disk, not tmpfs: the data lives on a fresh ext4 loop image, sparse, in /var/tmp
 # (16 GiB: mergerfs refuses to create below its minfreespace, 4 GiB by default). bench/run's own build step
 # is answered by a no-op ninja, since the carried binaries are the build. The table goes to
