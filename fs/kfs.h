@@ -187,6 +187,8 @@ struct kfs_inode {
                                      number it reaches. itable_lock */
         _Atomic int64_t refresh_ns; /* when refresh.c last queued it (CLOCK_MONOTONIC), or 0 */
         _Atomic bool refresh_pending; /* in refresh.c's queue, not yet sent to its child (refresh.c, ORDER) */
+        _Atomic bool refresh_owed; /* a release left its refresh to the last opener's (refresh.c, COST): set
+                                      under itable_lock, with the count of openers */
         _Atomic bool settle_queued; /* in fs->settle's queue, to be measured after writeback (settle.c) */
         bool settling;            /* the settler holds a descriptor of it: eviction passes over it meanwhile
                                      (settle.c, PINNED); fs->itable_lock */

@@ -51,8 +51,16 @@
  * CLOCK_MONOTONIC): 8 readers of the same tree on 2 cores, whose opens of a file rarely overlap, made
  * 11,600 refreshes for 17,600 releases (bench/JOURNAL.md, fourth round); a file read again that soon is
  * read by a burst, in which the next release drops the refreshed attributes anyway. Those two leave the
- * file dropped, and count nowhere. The queue holds QUEUE_MAX files, and QUEUE_BYTES_MAX of their paths,
- * at most; past either, releases only drop.
+ * file dropped, and count nowhere. Nor is a file refreshed whose attributes nobody took while it was
+ * open: a release that finds the kernel holding none of ours (attr_cached clear: dropped before this open,
+ * and no stat, lookup or permission check of allow_other's default_permissions asked since) queues
+ * nothing, unless the release of an overlapping open, which found them held, left its refresh to this one
+ * (refresh_owed, set under itable_lock with the count of openers). Readers that never stat (a tool that
+ * only reads) otherwise kept refreshing each file for nobody: 8 of them on one tree on 2 cores made 3,600
+ * to 6,500 refreshes a pass, a fifth of its time (bench/JOURNAL.md, ninth round). Such a file stays
+ * dropped until an opener asks; that ask waits for a GETATTR, and its release refreshes the file again.
+ * The queue holds QUEUE_MAX files, and QUEUE_BYTES_MAX of their paths, at most; past either, releases
+ * only drop.
  * The thread and the child start at the first release that needs them, not at mount: under a tasks
  * limit (systemd's TasksMax) a thread made at mount may be the one libfuse then cannot make. A child that
  * cannot start or dies is tried again after RETRY_NS, doubled at each failure in a row (a log line each
@@ -391,6 +399,8 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         char path[KFS_KPATH_MAX];
         pthread_mutex_lock(&fs->itable_lock);
         if (in->readers || in->writers) { /* (COST) open elsewhere: its last close refreshes it */
+                if (!not_before)
+                        atomic_store(&in->refresh_owed, true); /* a file's: a listing has no openers to count */
                 pthread_mutex_unlock(&fs->itable_lock);
                 return 0;
         }
@@ -460,9 +470,13 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
                 return;
         /* Attributes only (offset -1): no inode lock in the kernel, safe from a handler. Not when the
          * kernel holds none of ours since the last drop: it asks anyway. */
-        if (atomic_exchange(&in->attr_cached, false))
+        bool held = atomic_exchange(&in->attr_cached, false);
+        if (held)
                 fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
-        if (!writer)
+        /* Read after this release's count of openers went down under itable_lock (ops-io.c): an overlapping
+         * release that saw this one still open had set it by then, under the same lock. */
+        bool owed = atomic_exchange(&in->refresh_owed, false);
+        if (!writer && (held || owed)) /* (COST) nobody took the attributes: nobody is owed new ones */
                 queue(fs, in, ino, false);
 }
 

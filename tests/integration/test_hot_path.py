@@ -294,6 +294,48 @@ def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
     assert hit(m.path("b/x/f")) == (0, 1)
 
 
+@pytest.mark.parametrize("mode", ["passthrough", "page cache"])
+def test_a_file_nobody_asks_the_attributes_of_is_not_refreshed(kfs, mode):
+    """fs/refresh.c, COST: a release that finds the kernel holding none of the daemon's attributes (dropped
+    before the open, and nobody asked since) queues no refresh: nobody took them, so nobody is owed new
+    ones. Readers that only open, read and close (8 of them on one tree made 3,600 to 6,500 refreshes a
+    pass for nobody) leave the file dropped. The first opener that asks again waits for one GETATTR, and
+    its release refreshes the file as before: the hit after it sends OPEN alone."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({"nopassthrough": mode == "page cache"})
+    path = m.path("k.bin")
+    data = os.urandom(64 << 10)
+    with open(path, "wb") as f:
+        f.write(data)  # a writer's release drops the attributes and refreshes nothing
+    wait_for(lambda: every_open_released(m), what="the writer's RELEASE")
+    ok, dropped = refreshes(m)
+    before = requests(m)
+    for _ in range(3):  # no stat; reads up to the size, not past it (a page-cache read past it asks)
+        time.sleep(AGAIN_S)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert os.read(fd, len(data)) == data
+        finally:
+            os.close(fd)
+        wait_for(lambda: every_open_released(m), what="the reader's RELEASE")
+        time.sleep(0.1)  # a refresh queued would be sent within a millisecond's batch
+    d = delta(before, requests(m))
+    assert "GETATTR" not in d, f"the reads asked for the attributes: {d}"
+    assert refreshes(m) == (ok, dropped), "a file nobody asked the attributes of was refreshed"
+    before = requests(m)
+    hit_and_wait(m, path, False, data)  # its fstat asks, once
+    assert refreshes(m) == (ok + 1, dropped)
+    assert delta(before, requests(m)).get("GETATTR") == 1
+    time.sleep(AGAIN_S)
+    before = requests(m)
+    assert runtime_hit(path, False) == data
+    wait_for(lambda: every_open_released(m), what="the hit's RELEASE")
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)
+    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
+
+
 def test_the_last_of_overlapping_openers_refreshes(kfs):
     """A release while the file is still open elsewhere leaves the refresh to the last opener's release
     (fs/refresh.c, COST): two descriptors open at once, closed one after the other, make one refresh; and
