@@ -55,12 +55,17 @@
  * open: a release that finds the kernel holding none of ours (attr_cached clear: dropped before this open,
  * and no stat, lookup or permission check of allow_other's default_permissions asked since) queues
  * nothing, unless the release of an overlapping open, which found them held, left its refresh to this one
- * (refresh_owed, set under itable_lock with the count of openers). Readers that never stat (a tool that
- * only reads) otherwise kept refreshing each file for nobody: 8 of them on one tree on 2 cores made 3,600
- * to 6,500 refreshes a pass, a fifth of its time (bench/JOURNAL.md, ninth round). Such a file stays
- * dropped until an opener asks; that ask waits for a GETATTR, and its release refreshes the file again.
- * The queue holds QUEUE_MAX files, and QUEUE_BYTES_MAX of their paths, at most; past either, releases
- * only drop.
+ * (refresh_owed, set under itable_lock where the openers are counted, before AGAIN_NS or a queued record
+ * is looked at). The daemon cannot see a stat the kernel answers from attributes it holds, so those the
+ * child handed over count as taken: a file read again and again without a stat is refreshed at each
+ * release, AGAIN_NS apart, until a release finds it dropped (one within AGAIN_NS of the last refresh, the
+ * end of an overlap, a full queue); it then stays dropped until an opener asks, that ask waits for a
+ * GETATTR, and its release refreshes the file again. Readers that never stat (a tool that only reads)
+ * kept refreshing each file for nobody: 8 of them on one tree on 2 cores made 3,600 to 6,500 refreshes a
+ * pass, a fifth of its time (bench/JOURNAL.md, ninth round). With -o nopassthrough a read past the size
+ * the kernel holds asks for it, and with allow_other every open of a dropped file asks: there every
+ * release refreshes, as before. The queue holds QUEUE_MAX files, and QUEUE_BYTES_MAX of their paths, at
+ * most; past either, releases only drop.
  * The thread and the child start at the first release that needs them, not at mount: under a tasks
  * limit (systemd's TasksMax) a thread made at mount may be the one libfuse then cannot make. A child that
  * cannot start or dies is tried again after RETRY_NS, doubled at each failure in a row (a log line each
@@ -392,75 +397,80 @@ static void *refresher(void *arg)
         return NULL;
 }
 
-/* Queues in (1), or leaves it to the last of its openers (0); -1 where it cannot be queued. */
-static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t not_before)
+/* Queues in for the child (1), unless COST or ORDER says not now (0); -1 where it cannot be queued. The
+ * checks come in this order, under itable_lock where the openers are counted: a release that leaves the
+ * refresh to a later opener's must leave it owed whatever AGAIN_NS or a queued record would have said of
+ * its own, since the later release may come past both. */
+static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t now, bool dir)
 {
-        struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino, .not_before = not_before };
+        struct kfs_refresh_item it = { .ino = ino, .in = in, .bino = in->bino,
+                                       .not_before = dir ? now + DIR_DELAY_NS : 0 };
         char path[KFS_KPATH_MAX];
+        int64_t last = atomic_load(&in->refresh_ns);
         pthread_mutex_lock(&fs->itable_lock);
         if (in->readers || in->writers) { /* (COST) open elsewhere: its last close refreshes it */
-                if (!not_before)
-                        atomic_store(&in->refresh_owed, true); /* a file's: a listing has no openers to count */
+                if (!dir)
+                        atomic_store(&in->refresh_owed, true); /* a listing has no openers to count */
                 pthread_mutex_unlock(&fs->itable_lock);
+                return 0;
+        }
+        if ((last && now - last < AGAIN_NS) || atomic_exchange(&in->refresh_pending, true)) {
+                pthread_mutex_unlock(&fs->itable_lock); /* (COST); or queued, not yet sent: that record
+                                                           refreshes it (ORDER) */
                 return 0;
         }
         it.path = kfs_inode_path_locked(fs, in, path, sizeof(path)) == 0 ? strdup(path) : NULL;
         if (it.path && in != &fs->root)
                 in->nlookup++; /* the queue's reference: in lives until it is sent (T1); the root always */
         pthread_mutex_unlock(&fs->itable_lock);
-        if (!it.path)
-                return -1;
-        pthread_mutex_lock(&fs->refresh.lock);
-        it.len = strlen(it.path);
-        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
-                  fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
-                  (fs->refresh.started || kfs_mono_ns() >= fs->refresh.retry_at);
-        if (ok && fs->refresh.n == fs->refresh.cap) {
-                size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
-                struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
-                ok = q != NULL;
-                if (q) {
-                        fs->refresh.q = q;
-                        fs->refresh.cap = cap;
-                }
-        }
-        if (ok && !fs->refresh.started) {
-                fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
-                if (!fs->refresh.started) {
-                        fs->refresh.retry_at = kfs_mono_ns() + RETRY_NS;
-                        ok = false;
-                }
-        }
+        bool ok = it.path != NULL;
         if (ok) {
-                fs->refresh.q[fs->refresh.n++] = it;
-                fs->refresh.bytes += it.len + 1;
-                if (fs->refresh.sleeping)
-                        pthread_cond_signal(&fs->refresh.cond);
+                pthread_mutex_lock(&fs->refresh.lock);
+                it.len = strlen(it.path);
+                ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
+                     fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
+                     (fs->refresh.started || kfs_mono_ns() >= fs->refresh.retry_at);
+                if (ok && fs->refresh.n == fs->refresh.cap) {
+                        size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
+                        struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
+                        ok = q != NULL;
+                        if (q) {
+                                fs->refresh.q = q;
+                                fs->refresh.cap = cap;
+                        }
+                }
+                if (ok && !fs->refresh.started) {
+                        fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
+                        if (!fs->refresh.started) {
+                                fs->refresh.retry_at = kfs_mono_ns() + RETRY_NS;
+                                ok = false;
+                        }
+                }
+                if (ok) {
+                        atomic_store(&in->refresh_ns, now); /* (COST) */
+                        fs->refresh.q[fs->refresh.n++] = it;
+                        fs->refresh.bytes += it.len + 1;
+                        if (fs->refresh.sleeping)
+                                pthread_cond_signal(&fs->refresh.cond);
+                }
+                pthread_mutex_unlock(&fs->refresh.lock);
         }
-        pthread_mutex_unlock(&fs->refresh.lock);
         if (!ok) {
-                free(it.path);
-                kfs_inode_unref(fs, in, 1);
+                atomic_store(&in->refresh_pending, false);
+                if (it.path) {
+                        free(it.path);
+                        kfs_inode_unref(fs, in, 1);
+                }
         }
         return ok ? 1 : -1;
 }
 
-/* Queues in for the child, unless COST or ORDER says not now. */
+/* Queues in for the child, unless COST or ORDER says not now (enqueue). */
 static void queue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, bool dir)
 {
         if (!fs->refresh.wanted || kfs_stale(in))
                 return;
-        int64_t now = kfs_mono_ns(), last = atomic_load(&in->refresh_ns);
-        if (last && now - last < AGAIN_NS)
-                return; /* (COST) */
-        if (atomic_exchange(&in->refresh_pending, true))
-                return; /* queued, not yet sent: that record refreshes it (ORDER) */
-        int q = enqueue(fs, in, ino, dir ? now + DIR_DELAY_NS : 0);
-        if (q > 0)
-                atomic_store(&in->refresh_ns, now);
-        if (q <= 0)
-                atomic_store(&in->refresh_pending, false);
-        if (q < 0)
+        if (enqueue(fs, in, ino, kfs_mono_ns(), dir) < 0)
                 atomic_fetch_add_explicit(&fs->refresh.dropped, 1, memory_order_relaxed);
 }
 
@@ -475,7 +485,8 @@ void kfs_refresh_release(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, b
                 fuse_lowlevel_notify_inval_inode(fs->se, ino, -1, 0);
         /* Read after this release's count of openers went down under itable_lock (ops-io.c): an overlapping
          * release that saw this one still open had set it by then, under the same lock. */
-        bool owed = atomic_exchange(&in->refresh_owed, false);
+        bool owed = !writer && atomic_exchange(&in->refresh_owed, false); /* a writer's release refreshes
+                                                                            nothing: owed to a reader's */
         if (!writer && (held || owed)) /* (COST) nobody took the attributes: nobody is owed new ones */
                 queue(fs, in, ino, false);
 }

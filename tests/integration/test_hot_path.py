@@ -294,6 +294,42 @@ def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
     assert hit(m.path("b/x/f")) == (0, 1)
 
 
+def test_a_refresh_left_to_the_last_opener_is_owed_whatever_the_first_release_found(kfs):
+    """fs/refresh.c, COST: a release while the file is open elsewhere leaves the refresh owed to the last
+    opener's release, even when it came within AGAIN_NS of the last refresh (which alone would have queued
+    nothing). The last release finds the attributes dropped by the first; without the debt it queued
+    nothing, and the next hit's fstat waited for a GETATTR."""
+    if os.geteuid() != 0:
+        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
+    m = kfs({})
+    path = m.path("k.bin")
+    data = b"k" * 8192
+    with open(path, "wb") as f:
+        f.write(data)
+    hit_and_wait(m, path, False, data)  # refreshed a moment ago: AGAIN_NS runs from here
+    ok, dropped = refreshes(m)
+    a, b = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
+    try:
+        assert os.fstat(a).st_size == os.fstat(b).st_size == len(data)  # from the refreshed attributes
+        assert os.read(a, len(data)) == data and os.read(b, len(data)) == data
+        released = requests(m).get("RELEASE", 0)
+        os.close(a)
+        a = None
+        wait_for(lambda: requests(m).get("RELEASE", 0) > released, what="the first RELEASE")
+        time.sleep(AGAIN_S)  # the last release comes past AGAIN_NS
+    finally:
+        for fd in (a, b):
+            if fd is not None:
+                os.close(fd)
+    wait_for(lambda: refreshes(m) == (ok + 1, dropped), what="the refresh owed to the last opener")
+    before = requests(m)
+    assert runtime_hit(path, False) == data
+    wait_for(lambda: every_open_released(m), what="the hit's RELEASE")
+    d = delta(before, requests(m))
+    d.pop("GETXATTR", None)
+    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
+
+
 @pytest.mark.parametrize("mode", ["passthrough", "page cache"])
 def test_a_file_nobody_asks_the_attributes_of_is_not_refreshed(kfs, mode):
     """fs/refresh.c, COST: a release that finds the kernel holding none of the daemon's attributes (dropped
