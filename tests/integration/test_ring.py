@@ -486,10 +486,11 @@ def test_interrupts_for_direct_opens_never_reach_libfuse(ringmount):
         assert os.read(ready_r, 1) == b"1"  # its handler is in: a signal no longer ends it
         sender = os.fork()
         # On another CPU where there is one: its signals land while the opener waits. They come spaced by
-        # 0 to 200 us at random: the kernel sends an INTERRUPT only for a signal that comes once the OPEN
-        # is with the daemon, and a flood has one pending already as the open begins to wait, before the
-        # daemon has it (request_wait_answer). A flood took 2 to 35 s for 5 INTERRUPTs under ASan, at times
-        # over 60; spaced, 0.5 s.
+        # 0 to 200 us at random. Over io_uring the kernel sends an INTERRUPT only for a signal that comes
+        # once the ring thread has the OPEN (FR_SENT); one that comes before ends the interruptible part of
+        # the wait with nothing sent, and the rest of that open waits killable only, deaf to the signals
+        # after it (request_wait_answer). A flood had one pending as nearly every open began to wait: 2 to
+        # 35 s for 5 INTERRUPTs under ASan, at times over 60; spaced, 0.5 s.
         if sender == 0:
             try:
                 os.sched_setaffinity(0, {cpus[-1]})
