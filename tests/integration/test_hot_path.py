@@ -59,6 +59,12 @@ def delta(before, after):
     return {k: after.get(k, 0) - before.get(k, 0) for k in after if after.get(k, 0) != before.get(k, 0)}
 
 
+def waited_for(d):
+    """The requests of a delta (delta()) that someone waited for: neither SYNC_FREE's nor GETXATTR, our own
+    reading of the counters."""
+    return {k: v for k, v in d.items() if k not in SYNC_FREE | {"GETXATTR"}}
+
+
 def runtime_hit(path, neo):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -118,9 +124,7 @@ def test_a_warm_hit_costs_one_synchronous_request(kfs, mode, neo):
     assert runtime_hit(path, neo) == data
     wait_for(lambda: requests(m).get("RELEASE", 0) > before.get("RELEASE", 0), what="the hit's RELEASE")
     d = delta(before, requests(m))
-    d.pop("GETXATTR", None)  # our own reading of the counters
-    sync = {k: v for k, v in d.items() if k not in SYNC_FREE}
-    assert sync == {"OPEN": 1}, f"a warm hit sent {d}"
+    assert waited_for(d) == {"OPEN": 1}, f"a warm hit sent {d}"
     assert d.get("RELEASE") == 1
 
 
@@ -195,9 +199,7 @@ def test_a_hit_right_after_a_hit_costs_only_open(kfs, mode, neo, made):
     before = requests(m)
     hit_and_wait(m, path, neo, data)
     d = delta(before, requests(m))
-    d.pop("GETXATTR", None)  # our own reading of the counters
-    sync = {k: v for k, v in d.items() if k not in SYNC_FREE}
-    assert sync == {"OPEN": 1}, f"a hit right after a hit sent {d}"
+    assert waited_for(d) == {"OPEN": 1}, f"a hit right after a hit sent {d}"
     assert d.get("RELEASE") == 1 and d.get("OWN") == 1, d
     assert refreshes(m) == (ok + 1, dropped), "the child could not refresh the file"
 
@@ -294,11 +296,8 @@ def test_the_child_follows_renames_and_drops_what_it_cannot_name(kfs):
     assert hit(m.path("b/x/f")) == (0, 1)
 
 
-def test_a_refresh_left_to_the_last_opener_is_owed_whatever_the_first_release_found(kfs):
-    """fs/refresh.c, COST: a release while the file is open elsewhere leaves the refresh owed to the last
-    opener's release, even when it came within AGAIN_NS of the last refresh (which alone would have queued
-    nothing). The last release finds the attributes dropped by the first; without the debt it queued
-    nothing, and the next hit's fstat waited for a GETATTR."""
+def refreshed_file(kfs):
+    """A root daemon's mount with one file, hit once and refreshed: the kernel holds its attributes."""
     if os.geteuid() != 0:
         pytest.skip("only a root daemon refreshes (fs/refresh.c)")
     m = kfs({})
@@ -306,7 +305,16 @@ def test_a_refresh_left_to_the_last_opener_is_owed_whatever_the_first_release_fo
     data = b"k" * 8192
     with open(path, "wb") as f:
         f.write(data)
-    hit_and_wait(m, path, False, data)  # refreshed a moment ago: AGAIN_NS runs from here
+    hit_and_wait(m, path, False, data)
+    return m, path, data
+
+
+def test_a_refresh_left_to_the_last_opener_is_owed_whatever_the_first_release_found(kfs):
+    """fs/refresh.c, COST: a release while the file is open elsewhere leaves the refresh owed to the last
+    opener's release, even when it came within AGAIN_NS of the last refresh (which alone would have queued
+    nothing). The last release finds the attributes dropped by the first; without the debt it queued
+    nothing, and the next hit's fstat waited for a GETATTR."""
+    m, path, data = refreshed_file(kfs)  # refreshed a moment ago: AGAIN_NS runs from here
     ok, dropped = refreshes(m)
     a, b = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
     try:
@@ -326,8 +334,7 @@ def test_a_refresh_left_to_the_last_opener_is_owed_whatever_the_first_release_fo
     assert runtime_hit(path, False) == data
     wait_for(lambda: every_open_released(m), what="the hit's RELEASE")
     d = delta(before, requests(m))
-    d.pop("GETXATTR", None)
-    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
+    assert waited_for(d) == {"OPEN": 1}, d
 
 
 @pytest.mark.parametrize("mode", ["passthrough", "page cache"])
@@ -368,8 +375,7 @@ def test_a_file_nobody_asks_the_attributes_of_is_not_refreshed(kfs, mode):
     assert runtime_hit(path, False) == data
     wait_for(lambda: every_open_released(m), what="the hit's RELEASE")
     d = delta(before, requests(m))
-    d.pop("GETXATTR", None)
-    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
+    assert waited_for(d) == {"OPEN": 1}, d
 
 
 def test_the_last_of_overlapping_openers_refreshes(kfs):
@@ -377,14 +383,7 @@ def test_the_last_of_overlapping_openers_refreshes(kfs):
     (fs/refresh.c, COST): two descriptors open at once, closed one after the other, make one refresh; and
     the file is refreshed again at its next hits (a release that left it to another once must not leave
     it unrefreshed for good)."""
-    if os.geteuid() != 0:
-        pytest.skip("only a root daemon refreshes (fs/refresh.c)")
-    m = kfs({})
-    path = m.path("k.bin")
-    data = b"k" * 8192
-    with open(path, "wb") as f:
-        f.write(data)
-    hit_and_wait(m, path, False, data)
+    m, path, data = refreshed_file(kfs)
     time.sleep(AGAIN_S)
     ok, dropped = refreshes(m)
     a, b = os.open(path, os.O_RDONLY), os.open(path, os.O_RDONLY)
@@ -402,8 +401,7 @@ def test_the_last_of_overlapping_openers_refreshes(kfs):
     before = requests(m)
     hit_and_wait(m, path, False, data)
     d = delta(before, requests(m))
-    d.pop("GETXATTR", None)
-    assert {k: v for k, v in d.items() if k not in SYNC_FREE} == {"OPEN": 1}, d
+    assert waited_for(d) == {"OPEN": 1}, d
 
 
 def refresh_child(m):
@@ -577,8 +575,7 @@ def test_a_file_written_in_many_writes_is_probed_for_capabilities_once(kfs, acce
     probes = d.get("GETXATTR", 0) - 1  # 1: our own reading of the counters, the second one
     if access == os.O_WRONLY:
         assert probes == 0, f"16 direct writes sent {d}"
-        sync = {k: v for k, v in d.items() if k not in SYNC_FREE | {"GETXATTR"}}
-        assert sync == {"LOOKUP": 2, "CREATE": 1, "WRITE": 16, "RENAME": 1}, f"a publication sent {d}"
+        assert waited_for(d) == {"LOOKUP": 2, "CREATE": 1, "WRITE": 16, "RENAME": 1}, f"a publication sent {d}"
     else:
         assert probes <= 1, f"16 writes sent {d}"
     with open(m.path("k.bin"), "rb") as f:
