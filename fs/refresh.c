@@ -423,44 +423,43 @@ static int enqueue(struct kfs *fs, struct kfs_inode *in, fuse_ino_t ino, int64_t
         if (it.path && in != &fs->root)
                 in->nlookup++; /* the queue's reference: in lives until it is sent (T1); the root always */
         pthread_mutex_unlock(&fs->itable_lock);
-        bool ok = it.path != NULL;
-        if (ok) {
-                pthread_mutex_lock(&fs->refresh.lock);
-                it.len = strlen(it.path);
-                ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
-                     fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
-                     (fs->refresh.started || kfs_mono_ns() >= fs->refresh.retry_at);
-                if (ok && fs->refresh.n == fs->refresh.cap) {
-                        size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
-                        struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
-                        ok = q != NULL;
-                        if (q) {
-                                fs->refresh.q = q;
-                                fs->refresh.cap = cap;
-                        }
-                }
-                if (ok && !fs->refresh.started) {
-                        fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
-                        if (!fs->refresh.started) {
-                                fs->refresh.retry_at = kfs_mono_ns() + RETRY_NS;
-                                ok = false;
-                        }
-                }
-                if (ok) {
-                        atomic_store(&in->refresh_ns, now); /* (COST) */
-                        fs->refresh.q[fs->refresh.n++] = it;
-                        fs->refresh.bytes += it.len + 1;
-                        if (fs->refresh.sleeping)
-                                pthread_cond_signal(&fs->refresh.cond);
-                }
-                pthread_mutex_unlock(&fs->refresh.lock);
+        if (!it.path) {
+                atomic_store(&in->refresh_pending, false);
+                return -1;
         }
+        pthread_mutex_lock(&fs->refresh.lock);
+        it.len = strlen(it.path);
+        bool ok = !fs->refresh.closed && fs->refresh.n < QUEUE_MAX &&
+                  fs->refresh.bytes + it.len + 1 <= QUEUE_BYTES_MAX &&
+                  (fs->refresh.started || kfs_mono_ns() >= fs->refresh.retry_at);
+        if (ok && fs->refresh.n == fs->refresh.cap) {
+                size_t cap = fs->refresh.cap ? 2 * fs->refresh.cap : 64;
+                struct kfs_refresh_item *q = realloc(fs->refresh.q, cap * sizeof(*q));
+                ok = q != NULL;
+                if (q) {
+                        fs->refresh.q = q;
+                        fs->refresh.cap = cap;
+                }
+        }
+        if (ok && !fs->refresh.started) {
+                fs->refresh.started = kfs_thread_start(&fs->refresh.thread, 0, refresher, fs) == 0;
+                if (!fs->refresh.started) {
+                        fs->refresh.retry_at = kfs_mono_ns() + RETRY_NS;
+                        ok = false;
+                }
+        }
+        if (ok) {
+                atomic_store(&in->refresh_ns, now); /* (COST) */
+                fs->refresh.q[fs->refresh.n++] = it;
+                fs->refresh.bytes += it.len + 1;
+                if (fs->refresh.sleeping)
+                        pthread_cond_signal(&fs->refresh.cond);
+        }
+        pthread_mutex_unlock(&fs->refresh.lock);
         if (!ok) {
                 atomic_store(&in->refresh_pending, false);
-                if (it.path) {
-                        free(it.path);
-                        kfs_inode_unref(fs, in, 1);
-                }
+                free(it.path);
+                kfs_inode_unref(fs, in, 1);
         }
         return ok ? 1 : -1;
 }

@@ -9,18 +9,10 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <syslog.h>
-#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include "internal.h"
-
-int64_t kfs_remote_mono_ns(void)
-{
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static int fail(const char *what, const char *detail)
 {
@@ -164,7 +156,7 @@ static bool ok_reply(redisReply *rep)
  * while the server stays away, and once when it answers again. */
 static void say_down(struct kfs_remote *r, const char *why)
 {
-        int64_t now = kfs_remote_mono_ns(), last = atomic_load(&r->said_ns);
+        int64_t now = kfs_mono_ns(), last = atomic_load(&r->said_ns);
         bool was = atomic_exchange(&r->said_down, true);
         if (!was || now - last > 60 * (int64_t)1000000000) {
                 atomic_store(&r->said_ns, now);
@@ -187,7 +179,7 @@ void kfs_remote_conn_failed(struct kfs_remote *r, redisContext *c)
                 redisFree(c);
                 rc->c = NULL;
         }
-        atomic_store(&r->down_until_ns, kfs_remote_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
+        atomic_store(&r->down_until_ns, kfs_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
 }
 
 redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
@@ -204,7 +196,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
                 (void)redisSetTimeout(rc->c, tv_of(timeout_ms));
                 return rc->c;
         }
-        if (kfs_remote_mono_ns() < atomic_load(&r->down_until_ns))
+        if (kfs_mono_ns() < atomic_load(&r->down_until_ns))
                 return NULL; /* in back-off: a miss at once */
         struct timeval tv = tv_of(r->timeout_ms);
         redisContext *c = r->unix_path ? redisConnectUnixWithTimeout(r->unix_path, tv)
@@ -214,7 +206,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
                 if (c)
                         redisFree(c);
                 atomic_fetch_add(&r->errors, 1);
-                atomic_store(&r->down_until_ns, kfs_remote_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
+                atomic_store(&r->down_until_ns, kfs_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
                 return NULL;
         }
         (void)redisSetTimeout(c, tv);
@@ -228,7 +220,7 @@ redisContext *kfs_remote_conn(struct kfs_remote *r, unsigned timeout_ms)
                 say_down(r, "AUTH or SELECT refused (remote_auth=, the database number, or the server's ACL)");
                 redisFree(c);
                 atomic_fetch_add(&r->errors, 1);
-                atomic_store(&r->down_until_ns, kfs_remote_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
+                atomic_store(&r->down_until_ns, kfs_mono_ns() + (int64_t)REMOTE_BACKOFF_MS * 1000000);
                 return NULL;
         }
         (void)redisSetTimeout(c, tv_of(timeout_ms));

@@ -38,7 +38,7 @@ bool kfs_remote_remembered(struct kfs_remote *r, uint64_t h)
 {
         pthread_mutex_lock(&r->neg_lock);
         void *v = kmap_get(&r->neg, h);
-        bool yes = v && (int64_t)(uintptr_t)v > kfs_remote_mono_ns();
+        bool yes = v && (int64_t)(uintptr_t)v > kfs_mono_ns();
         if (v && !yes)
                 kmap_del(&r->neg, h);
         pthread_mutex_unlock(&r->neg_lock);
@@ -60,7 +60,7 @@ void kfs_remote_remember(struct kfs_remote *r, uint64_t h)
                 kmap_free(&r->neg);
                 kmap_init(&r->neg);
         }
-        (void)kmap_put(&r->neg, h, (void *)(uintptr_t)(kfs_remote_mono_ns() + (int64_t)(r->negative_s * 1e9)));
+        (void)kmap_put(&r->neg, h, (void *)(uintptr_t)(kfs_mono_ns() + (int64_t)(r->negative_s * 1e9)));
         pthread_mutex_unlock(&r->neg_lock);
 }
 

@@ -277,7 +277,7 @@ static void *herd_main(void *arg)
                 struct herd_wait *all = r->herd.list;
                 r->herd.list = NULL;
                 pthread_mutex_unlock(&r->herd.lock);
-                int64_t now = kfs_remote_mono_ns();
+                int64_t now = kfs_mono_ns();
                 struct herd_wait *keep = NULL;
                 for (int pass = 0; pass < 2; pass++) { /* this node's first: they ask no server, which may be slow */
                         struct herd_wait *rest = NULL;
@@ -333,7 +333,7 @@ static void *herd_main(void *arg)
 #define PRUNE(map, next, type, free_fn)                                                                    \
         do {                                                                                               \
                 if ((map)->count >= *(next)) {                                                             \
-                        int64_t now_ = kfs_remote_mono_ns();                                               \
+                        int64_t now_ = kfs_mono_ns();                                               \
                         kmap keep_;                                                                        \
                         kmap_init(&keep_);                                                                 \
                         size_t pos_ = 0;                                                                   \
@@ -403,7 +403,7 @@ static int invite(struct kfs_remote *r, pid_t tid, const struct herd_mine *m)
         int ret = KFS_REMOTE_RETRY;
         pthread_mutex_lock(&r->herd.lock);
         struct herd_invite *old = kmap_del(&r->herd.invites, (uint64_t)tid);
-        if (old && old->asker_start == asker_start && old->until_ns > kfs_remote_mono_ns()) {
+        if (old && old->asker_start == asker_start && old->until_ns > kfs_mono_ns()) {
                 /* Told already (for this mark or another, whatever their lives: the mark may have ended and
                  * another been made while it waited): never a second ESTALE in a row. */
                 ret = KFS_REMOTE_UNSURE;
@@ -472,7 +472,7 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
         pid_t tid = fuse_req_ctx(req)->pid;
         pid_t tgid = kfs_tgid_of(tid);
         uint64_t h = kfs_remote_hash(0, mark);
-        int64_t now = kfs_remote_mono_ns();
+        int64_t now = kfs_mono_ns();
         int ret = -ENOENT;
         struct herd_mine here = { 0 }; /* a compile on this node by another process, with a directory */
         pthread_mutex_lock(&r->herd.lock);
@@ -556,7 +556,7 @@ int kfs_remote_herd(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, const
         w->key = key;
         w->mark = mark;
         w->asker = *a;
-        w->deadline_ns = kfs_remote_mono_ns() + (int64_t)r->herd_ms * 1000000;
+        w->deadline_ns = kfs_mono_ns() + (int64_t)r->herd_ms * 1000000;
         return park(fs, w);
 }
 
@@ -566,7 +566,7 @@ int kfs_remote_herd_join(struct kfs *fs, fuse_req_t req, struct kfs_inode *dir, 
         if (!r || !atomic_load_explicit(&r->herd.ninvites, memory_order_relaxed))
                 return 0; /* the common case: nobody invited, one load */
         pid_t tid = fuse_req_ctx(req)->pid;
-        int64_t now = kfs_remote_mono_ns();
+        int64_t now = kfs_mono_ns();
         struct herd_wait *w = NULL;
         uint64_t asker_start = 0;
         pthread_mutex_lock(&r->herd.lock);

@@ -121,8 +121,6 @@ void kfs_remote_conn_failed(struct kfs_remote *r, redisContext *c);
 void kfs_remote_conn_init(struct kfs_remote *r);
 void kfs_remote_conn_free(struct kfs_remote *r);
 
-/* The monotonic clock, in ns: back-offs, deadlines, remembered misses, publication and herd times. */
-int64_t kfs_remote_mono_ns(void);
 uint64_t kfs_remote_hash(uint32_t uid, const char *path);
 /* The namespace that a mount stores uid's units in and looks them up in first: "u<uid>", or the
  * publisher's on a remote_publish= mount; its home as path (of uid's) has it. */

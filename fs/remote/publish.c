@@ -58,7 +58,7 @@ static void note_path(struct kfs *fs, char *path, unsigned tries)
                 }
         }
         if (it) {
-                it->due_ns = kfs_remote_mono_ns() + (int64_t)PUBLISH_QUIET_MS * 1000000;
+                it->due_ns = kfs_mono_ns() + (int64_t)PUBLISH_QUIET_MS * 1000000;
                 it->tries = tries;
         }
         pthread_cond_signal(&r->pub.cond);
@@ -443,7 +443,7 @@ static void *publisher_main(void *arg)
         struct kfs_remote *r = fs->remote;
         pthread_mutex_lock(&r->pub.lock);
         while (!r->pub.stop) {
-                int64_t now = kfs_remote_mono_ns(), next = now + 1000000000;
+                int64_t now = kfs_mono_ns(), next = now + 1000000000;
                 struct pub_item *ready = NULL;
                 uint64_t rk = 0;
                 size_t pos = 0;
